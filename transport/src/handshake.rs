@@ -1,0 +1,118 @@
+//! The post-connect hello: the initiator names itself (rank, sequence, generation) and proves it
+//! belongs to the run (token); the listener answers with an ack or a typed reject.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
+
+use crate::error::{Error, RejectReason, Result};
+use crate::frame::{Frame, Header, Kind, ReadOutcome};
+use crate::stream::{write_frame, FrameReader, ReadError, WriteError};
+
+const HELLO_LEN: usize = 4 + 8 + 8 + 16;
+/// Handshake frames are tiny; a peer claiming more is not one of ours.
+const HANDSHAKE_MAX_PAYLOAD: u32 = 256;
+const TIMED_OUT: &str = "timed out";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub rank: u32,
+    /// Which lazy connect this is (Gloo's sequence number; may be reused across groups).
+    pub sequence: u64,
+    /// Which use of `sequence` this is; both sides count them.
+    pub generation: u64,
+    /// Per-run secret; a listener drops connections that do not present it.
+    pub token: u128,
+}
+
+impl Hello {
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut out = [0u8; HELLO_LEN];
+        out[0..4].copy_from_slice(&self.rank.to_be_bytes());
+        out[4..12].copy_from_slice(&self.sequence.to_be_bytes());
+        out[12..20].copy_from_slice(&self.generation.to_be_bytes());
+        out[20..36].copy_from_slice(&self.token.to_be_bytes());
+        out
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Hello> {
+        if b.len() != HELLO_LEN {
+            return None;
+        }
+        Some(Hello {
+            rank: u32::from_be_bytes(b[0..4].try_into().ok()?),
+            sequence: u64::from_be_bytes(b[4..12].try_into().ok()?),
+            generation: u64::from_be_bytes(b[12..20].try_into().ok()?),
+            token: u128::from_be_bytes(b[20..36].try_into().ok()?),
+        })
+    }
+}
+
+/// Initiator side: send the hello and wait for the answer, all within `timeout`. This is the
+/// backstop: a listener that accepts and then stalls or dies cannot hang the initiator.
+pub(crate) fn initiate(socket: &Socket, addr: SocketAddr, hello: &Hello, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let failed = |reason: String| {
+        if reason.starts_with(TIMED_OUT) {
+            Error::Timeout { during: "handshake", after: timeout }
+        } else {
+            Error::Handshake { addr, reason }
+        }
+    };
+    send_control(socket, Kind::Hello, &hello.encode(), deadline).map_err(failed)?;
+    let frame = read_control(socket, deadline).map_err(failed)?;
+    match frame.header.kind {
+        Kind::HelloAck => Ok(()),
+        Kind::HelloReject => Err(Error::Rejected(RejectReason::from_u8(frame.payload.first().copied().unwrap_or(0)))),
+        other => Err(Error::Handshake { addr, reason: format!("expected an ack, got a {other:?} frame") }),
+    }
+}
+
+/// Listener side: read the initiator's hello within `timeout`.
+pub(crate) fn read_hello(socket: &Socket, timeout: Duration) -> std::result::Result<Hello, String> {
+    let frame = read_control(socket, Instant::now() + timeout)?;
+    if frame.header.kind != Kind::Hello {
+        return Err(format!("expected a hello, got a {:?} frame", frame.header.kind));
+    }
+    Hello::decode(&frame.payload).ok_or_else(|| format!("hello payload of {} bytes", frame.payload.len()))
+}
+
+pub(crate) fn accept(socket: &Socket, timeout: Duration) -> std::result::Result<(), String> {
+    send_control(socket, Kind::HelloAck, &[], Instant::now() + timeout)
+}
+
+pub(crate) fn reject(socket: &Socket, reason: RejectReason, timeout: Duration) {
+    // Best effort: the peer learns why, or sees the close.
+    let _ = send_control(socket, Kind::HelloReject, &[reason as u8], Instant::now() + timeout);
+}
+
+fn send_control(socket: &Socket, kind: Kind, payload: &[u8], deadline: Instant) -> std::result::Result<(), String> {
+    let header = Header { kind, flags: 0, sequence: 0, len: payload.len() as u32 };
+    write_frame(socket, &header, payload, deadline).map_err(|e| match e {
+        WriteError::Timeout { .. } => format!("{TIMED_OUT} sending"),
+        WriteError::Io { error, .. } => format!("send failed: {error}"),
+    })
+}
+
+fn read_control(socket: &Socket, deadline: Instant) -> std::result::Result<Frame, String> {
+    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    socket.set_read_timeout(Some(remaining)).map_err(|e| e.to_string())?;
+    let never_stopped = AtomicBool::new(false);
+    // Exact reads: whatever follows the handshake belongs to the connection's receiver.
+    let outcome = FrameReader::exact(HANDSHAKE_MAX_PAYLOAD).read_frame(&mut &*socket, &never_stopped);
+    socket.set_read_timeout(None).map_err(|e| e.to_string())?;
+    match outcome {
+        Ok(ReadOutcome::Frame(f)) => Ok(f),
+        Ok(ReadOutcome::CleanEof) => Err("peer closed the connection during the handshake".into()),
+        Ok(ReadOutcome::Truncated { got, expected, .. }) => {
+            Err(format!("handshake frame truncated: {got} of {expected} bytes"))
+        }
+        Ok(ReadOutcome::LocalShutdown) => Err("shut down during the handshake".into()),
+        Err(ReadError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(format!("{TIMED_OUT} waiting for the handshake"))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}

@@ -1,0 +1,24 @@
+//! `transport`: a small TCP transport that gets the connection lifecycle right by construction.
+//!
+//! - [`frame`]: sans-IO framing with exactly four read outcomes.
+//! - [`Connection`]: one receiver thread per connection; ordered, bounded, idempotent teardown;
+//!   receiver failures reported on the next `send`/`flush`.
+//! - [`connect()`]: initiator with retry/backoff and a hello backstop deadline.
+//! - [`Listener`]: lazy connects matched by (sequence, generation), every wait with a deadline.
+
+pub mod error;
+pub mod frame;
+pub mod stream;
+
+mod conn;
+mod connect;
+mod handshake;
+mod listener;
+mod sockopt;
+
+pub use conn::{Connection, ConnectionOptions};
+pub use connect::{connect, ConnectOptions};
+pub use error::{Error, RejectReason, ReceiverError, Result, Terminal};
+pub use handshake::Hello;
+pub use listener::{Listener, ListenerOptions, ListenerStats};
+pub use sockopt::{Keepalive, SocketOptions};

@@ -1,0 +1,201 @@
+//! Blocking frame IO over a byte stream: the thin IO layer on top of the sans-IO [`frame`] core.
+//!
+//! [`frame`]: crate::frame
+
+use std::io::{self, IoSlice, Read};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use socket2::Socket;
+use thiserror::Error;
+
+use crate::frame::{Decoder, FrameError, Header, ReadOutcome, HEADER_LEN};
+
+const READ_BUF: usize = 64 * 1024;
+
+#[derive(Debug, Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Reads frames one at a time from any [`Read`].
+pub struct FrameReader {
+    decoder: Decoder,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    exact: bool,
+}
+
+impl FrameReader {
+    /// Buffered: reads up to 64 KiB at a time, may hold bytes of the next frame.
+    pub fn new(max_payload: u32) -> FrameReader {
+        FrameReader {
+            decoder: Decoder::new(max_payload),
+            buf: vec![0; READ_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            exact: false,
+        }
+    }
+
+    /// Never reads past the frame it returns, so the rest of the stream can go to a new owner
+    /// (used for handshakes).
+    pub fn exact(max_payload: u32) -> FrameReader {
+        FrameReader { decoder: Decoder::new(max_payload), buf: Box::new([]), start: 0, end: 0, exact: true }
+    }
+
+    /// Bytes read but not yet returned as part of a frame.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Read one frame. `stopped` is our own stop flag: once it is set, an end of stream or a
+    /// failing read is [`ReadOutcome::LocalShutdown`], whatever was partially read.
+    pub fn read_frame<R: Read>(&mut self, reader: &mut R, stopped: &AtomicBool) -> Result<ReadOutcome, ReadError> {
+        loop {
+            if self.start < self.end {
+                let (n, frame) = self.decoder.feed(&self.buf[self.start..self.end])?;
+                self.start += n;
+                if let Some(frame) = frame {
+                    return Ok(ReadOutcome::Frame(frame));
+                }
+            }
+            // The buffer is drained. Large payloads are read straight into the frame.
+            let direct = self.exact || self.decoder.wanted() >= self.buf.len();
+            let result = if direct {
+                let slot = self.decoder.read_slot();
+                if slot.is_empty() {
+                    // Only a failed decoder hands out an empty slot; surface its error.
+                    self.decoder.commit(0)?;
+                    unreachable!("an empty read slot means the decoder has failed");
+                }
+                reader.read(slot)
+            } else {
+                reader.read(&mut self.buf)
+            };
+            match result {
+                Ok(0) => return Ok(self.decoder.end_of_stream(stopped.load(Ordering::Acquire))),
+                Ok(n) if direct => {
+                    if let Some(frame) = self.decoder.commit(n)? {
+                        return Ok(ReadOutcome::Frame(frame));
+                    }
+                }
+                Ok(n) => {
+                    self.start = 0;
+                    self.end = n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) if stopped.load(Ordering::Acquire) => return Ok(ReadOutcome::LocalShutdown),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Why a deadline-bounded write stopped.
+#[derive(Debug)]
+pub(crate) enum WriteError {
+    /// Deadline passed; `written` bytes of the frame are already on the wire.
+    Timeout { written: usize },
+    Io { written: usize, error: io::Error },
+}
+
+/// Write a header and payload with one vectored send per attempt, never blocking past
+/// `deadline`. Sends are non-blocking (`MSG_DONTWAIT`) and wait in `poll(POLLOUT)`, so the socket
+/// itself stays in blocking mode for its receiver thread. `MSG_NOSIGNAL`: a dead peer is an
+/// error, not a SIGPIPE.
+pub(crate) fn write_frame(socket: &Socket, header: &Header, payload: &[u8], deadline: Instant) -> Result<(), WriteError> {
+    let head = header.encode();
+    let total = HEADER_LEN + payload.len();
+    let mut written = 0;
+    while written < total {
+        let bufs: [IoSlice; 2] = if written < HEADER_LEN {
+            [IoSlice::new(&head[written..]), IoSlice::new(payload)]
+        } else {
+            [IoSlice::new(&payload[written - HEADER_LEN..]), IoSlice::new(&[])]
+        };
+        match socket.send_vectored_with_flags(&bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(WriteError::Timeout { written });
+                }
+                if let Err(error) = wait_writable(socket, deadline - now) {
+                    return Err(WriteError::Io { written, error });
+                }
+            }
+            Err(error) => return Err(WriteError::Io { written, error }),
+        }
+    }
+    Ok(())
+}
+
+fn wait_writable(socket: &Socket, timeout: std::time::Duration) -> io::Result<()> {
+    let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    // Round up so a sub-millisecond remainder still waits instead of spinning.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1. The fd is
+    // kept open by the `&Socket` borrow.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    // Timeout or readiness (including POLLERR/POLLHUP): the next send reports which.
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{Frame, Kind};
+
+    /// Hands out its data `chunk` bytes per read.
+    struct Dribble<'a> {
+        data: &'a [u8],
+        chunk: usize,
+    }
+
+    impl Read for Dribble<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.chunk.min(buf.len()).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn exact_reader_leaves_the_next_frame_unread() {
+        let a = Frame::new(Kind::Hello, 0, vec![1, 2, 3]).unwrap();
+        let b = Frame::new(Kind::Data, 0, vec![4]).unwrap();
+        let mut bytes = a.encode();
+        bytes.extend(b.encode());
+        let mut src = Dribble { data: &bytes, chunk: 1000 };
+        let stop = AtomicBool::new(false);
+        let got = FrameReader::exact(64).read_frame(&mut src, &stop).unwrap();
+        assert_eq!(got, ReadOutcome::Frame(a));
+        assert_eq!(src.data, &b.encode()[..]);
+    }
+
+    #[test]
+    fn large_payload_bypasses_the_buffer_intact() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let f = Frame::new(Kind::Data, 9, payload).unwrap();
+        let bytes = f.encode();
+        let stop = AtomicBool::new(false);
+        let mut r = FrameReader::new(1 << 20);
+        let mut src = Dribble { data: &bytes, chunk: 4096 };
+        assert_eq!(r.read_frame(&mut src, &stop).unwrap(), ReadOutcome::Frame(f));
+        assert_eq!(r.read_frame(&mut src, &stop).unwrap(), ReadOutcome::CleanEof);
+    }
+}
