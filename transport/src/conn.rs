@@ -29,7 +29,10 @@ pub struct ConnectionOptions {
 
 impl Default for ConnectionOptions {
     fn default() -> Self {
-        ConnectionOptions { max_payload: DEFAULT_MAX_PAYLOAD, queue_depth: 64 }
+        ConnectionOptions {
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            queue_depth: 64,
+        }
     }
 }
 
@@ -88,10 +91,15 @@ impl Connection {
             tid: Arc::clone(&receiver_tid),
             max_payload: opts.max_payload,
         };
-        let handle = std::thread::Builder::new().name(format!("wringer-rx-{fd}")).spawn(move || worker.run())?;
+        let handle = std::thread::Builder::new()
+            .name(format!("wringer-rx-{fd}"))
+            .spawn(move || worker.run())?;
         Ok(Connection {
             socket: RwLock::new(Some(socket)),
-            sender: Mutex::new(SendState { next_sequence: 0, broken: false }),
+            sender: Mutex::new(SendState {
+                next_sequence: 0,
+                broken: false,
+            }),
             frames,
             terminal,
             stop,
@@ -113,15 +121,24 @@ impl Connection {
             if state.broken {
                 return Err(Error::SendBroken);
             }
-            let len = u32::try_from(payload.len())
-                .map_err(|_| Error::InvalidArgument(format!("payload of {} bytes exceeds 4 GiB", payload.len())))?;
-            let header = Header { kind: Kind::Data, flags: 0, sequence: state.next_sequence, len };
+            let len = u32::try_from(payload.len()).map_err(|_| {
+                Error::InvalidArgument(format!("payload of {} bytes exceeds 4 GiB", payload.len()))
+            })?;
+            let header = Header {
+                kind: Kind::Data,
+                flags: 0,
+                sequence: state.next_sequence,
+                len,
+            };
             match crate::stream::write_frame(&socket, &header, payload, deadline) {
                 Ok(()) => {
                     state.next_sequence += 1;
                     Ok(())
                 }
-                Err(WriteError::Timeout { written: 0 }) => Err(Error::Timeout { during: "send", after: timeout }),
+                Err(WriteError::Timeout { written: 0 }) => Err(Error::Timeout {
+                    during: "send",
+                    after: timeout,
+                }),
                 Err(WriteError::Io { written: 0, error }) => Err(Error::Io(error)),
                 Err(WriteError::Timeout { .. } | WriteError::Io { .. }) => {
                     // Half a frame is on the wire: nothing sent after it could be decoded.
@@ -151,7 +168,10 @@ impl Connection {
                 self.receiver_error()?;
                 let now = Instant::now();
                 if now >= deadline {
-                    return Err(Error::Timeout { during: "flush", after: timeout });
+                    return Err(Error::Timeout {
+                        during: "flush",
+                        after: timeout,
+                    });
                 }
                 std::thread::sleep(pause.min(deadline - now));
                 pause = (pause * 2).min(Duration::from_millis(5));
@@ -164,7 +184,10 @@ impl Connection {
     pub fn recv(&self, timeout: Duration) -> Result<Frame> {
         match self.frames.recv_timeout(timeout) {
             Ok(frame) => Ok(frame),
-            Err(RecvTimeoutError::Timeout) => Err(Error::Timeout { during: "recv", after: timeout }),
+            Err(RecvTimeoutError::Timeout) => Err(Error::Timeout {
+                during: "recv",
+                after: timeout,
+            }),
             Err(RecvTimeoutError::Disconnected) => Err(match self.terminal.get() {
                 Some(Terminal::PeerClosed) => Error::PeerClosed,
                 Some(Terminal::Failed(e)) => Error::Receiver(e.clone()),
@@ -183,7 +206,11 @@ impl Connection {
         };
         self.stop.store(true, Ordering::Release);
         drop(lock(&self.wake).take());
-        let socket = self.socket.write().unwrap_or_else(|p| p.into_inner()).take();
+        let socket = self
+            .socket
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(socket) = &socket {
             // ENOTCONN when the peer already reset us: nothing left to wake, not a failure.
             let _ = socket.shutdown(Shutdown::Both);
@@ -191,11 +218,13 @@ impl Connection {
         let joined = handle.join();
         // Only now may the descriptor go: the receiver's reference died with its thread.
         drop(socket);
-        joined.map_err(|_| Error::Receiver(ReceiverError::Io {
-            kind: std::io::ErrorKind::Other,
-            errno: None,
-            message: "receiver thread panicked".into(),
-        }))
+        joined.map_err(|_| {
+            Error::Receiver(ReceiverError::Io {
+                kind: std::io::ErrorKind::Other,
+                errno: None,
+                message: "receiver thread panicked".into(),
+            })
+        })
     }
 
     /// How the receiver ended, once it has.
@@ -224,7 +253,11 @@ impl Connection {
     }
 
     fn socket(&self) -> Result<Arc<Socket>> {
-        self.socket.read().unwrap_or_else(|p| p.into_inner()).clone().ok_or(Error::Closed)
+        self.socket
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(Error::Closed)
     }
 
     fn receiver_error(&self) -> Result<()> {
@@ -252,7 +285,11 @@ impl Drop for Connection {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Connection").field("local", &self.local).field("peer", &self.peer).field("fd", &self.fd).finish()
+        f.debug_struct("Connection")
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("fd", &self.fd)
+            .finish()
     }
 }
 
@@ -285,8 +322,16 @@ impl Receiving {
                 Ok(ReadOutcome::Frame(frame)) => frame,
                 Ok(ReadOutcome::CleanEof) => return Terminal::PeerClosed,
                 Ok(ReadOutcome::LocalShutdown) => return Terminal::LocalShutdown,
-                Ok(ReadOutcome::Truncated { section, expected, got }) => {
-                    return Terminal::Failed(ReceiverError::Truncated { section, expected, got })
+                Ok(ReadOutcome::Truncated {
+                    section,
+                    expected,
+                    got,
+                }) => {
+                    return Terminal::Failed(ReceiverError::Truncated {
+                        section,
+                        expected,
+                        got,
+                    })
                 }
                 Err(_) if self.stop.load(Ordering::Acquire) => return Terminal::LocalShutdown,
                 Err(ReadError::Frame(e)) => return Terminal::Failed(e.into()),
@@ -296,7 +341,10 @@ impl Receiving {
                 return Terminal::Failed(ReceiverError::UnexpectedKind(frame.header.kind));
             }
             if frame.header.sequence != expected {
-                return Terminal::Failed(ReceiverError::OutOfSequence { expected, got: frame.header.sequence });
+                return Terminal::Failed(ReceiverError::OutOfSequence {
+                    expected,
+                    got: frame.header.sequence,
+                });
             }
             expected += 1;
             select! {

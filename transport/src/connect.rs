@@ -40,7 +40,9 @@ impl Default for ConnectOptions {
 /// Connect to a [`Listener`](crate::Listener) and introduce ourselves with `hello`.
 pub fn connect(addr: SocketAddr, hello: &Hello, opts: &ConnectOptions) -> Result<Connection> {
     if opts.deadline.is_zero() || opts.hello_timeout.is_zero() {
-        return Err(Error::InvalidArgument("connect deadline and hello timeout must be above zero".into()));
+        return Err(Error::InvalidArgument(
+            "connect deadline and hello timeout must be above zero".into(),
+        ));
     }
     let socket = connect_with_retries(addr, opts)?;
     opts.socket.apply(&socket)?;
@@ -63,7 +65,12 @@ fn connect_with_retries(addr: SocketAddr, opts: &ConnectOptions) -> Result<Socke
         };
         let now = Instant::now();
         if now + backoff >= deadline {
-            return Err(Error::ConnectTimeout { addr, attempts, after: now - start, last: error });
+            return Err(Error::ConnectTimeout {
+                addr,
+                attempts,
+                after: now - start,
+                last: error,
+            });
         }
         // A backoff, not a synchronisation: there is no event for "the peer is listening now".
         std::thread::sleep(backoff);
@@ -79,8 +86,15 @@ fn try_connect(addr: SocketAddr, timeout: Duration) -> io::Result<Socket> {
 
 fn retryable(e: &io::Error) -> bool {
     use io::ErrorKind::*;
-    matches!(e.kind(), ConnectionRefused | ConnectionReset | ConnectionAborted | TimedOut | WouldBlock | Interrupted)
-        || e.raw_os_error() == Some(libc::EHOSTUNREACH)
+    matches!(
+        e.kind(),
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | TimedOut
+            | WouldBlock
+            | Interrupted
+    ) || e.raw_os_error() == Some(libc::EHOSTUNREACH)
         || e.raw_os_error() == Some(libc::ENETUNREACH)
         || e.raw_os_error() == Some(libc::EAGAIN)
 }

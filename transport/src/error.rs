@@ -13,7 +13,11 @@ use crate::frame::{FrameError, Kind, Section};
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum ReceiverError {
     #[error("stream truncated inside a {section:?}: got {got} of {expected} bytes")]
-    Truncated { section: Section, expected: usize, got: usize },
+    Truncated {
+        section: Section,
+        expected: usize,
+        got: usize,
+    },
     #[error("corrupt frame: {0}")]
     Frame(#[from] FrameError),
     #[error("unexpected {0:?} frame after the handshake")]
@@ -21,18 +25,32 @@ pub enum ReceiverError {
     #[error("frame sequence {got} where {expected} was expected (lost or duplicated frame)")]
     OutOfSequence { expected: u64, got: u64 },
     #[error("receive failed: {kind:?}: {message}")]
-    Io { kind: io::ErrorKind, errno: Option<i32>, message: String },
+    Io {
+        kind: io::ErrorKind,
+        errno: Option<i32>,
+        message: String,
+    },
 }
 
 impl ReceiverError {
     pub(crate) fn io(e: &io::Error) -> ReceiverError {
-        ReceiverError::Io { kind: e.kind(), errno: e.raw_os_error(), message: e.to_string() }
+        ReceiverError::Io {
+            kind: e.kind(),
+            errno: e.raw_os_error(),
+            message: e.to_string(),
+        }
     }
 
     /// True when the receiver saw EBADF: its descriptor was closed under it (the race this
     /// crate exists to rule out).
     pub fn is_ebadf(&self) -> bool {
-        matches!(self, ReceiverError::Io { errno: Some(libc::EBADF), .. })
+        matches!(
+            self,
+            ReceiverError::Io {
+                errno: Some(libc::EBADF),
+                ..
+            }
+        )
     }
 }
 
@@ -78,7 +96,10 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("timed out after {after:?} while {during}")]
-    Timeout { during: &'static str, after: Duration },
+    Timeout {
+        during: &'static str,
+        after: Duration,
+    },
     #[error("connection is closed locally")]
     Closed,
     #[error("the peer closed the connection")]
@@ -88,7 +109,12 @@ pub enum Error {
     #[error("a send timed out part-way through a frame; the stream is unusable and was shut down")]
     SendBroken,
     #[error("connect to {addr} gave up after {attempts} attempts in {after:?}: {last}")]
-    ConnectTimeout { addr: SocketAddr, attempts: u32, after: Duration, last: io::Error },
+    ConnectTimeout {
+        addr: SocketAddr,
+        attempts: u32,
+        after: Duration,
+        last: io::Error,
+    },
     #[error("handshake with {addr} failed: {reason}")]
     Handshake { addr: SocketAddr, reason: String },
     #[error("the listener rejected the connection: {0:?}")]

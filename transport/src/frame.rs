@@ -60,7 +60,9 @@ pub struct Header {
 /// A header that cannot be accepted. Raised before any payload buffer is allocated.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum FrameError {
-    #[error("bad magic {found:02x?} (expected {MAGIC:02x?}): the peer does not speak this protocol")]
+    #[error(
+        "bad magic {found:02x?} (expected {MAGIC:02x?}): the peer does not speak this protocol"
+    )]
     BadMagic { found: [u8; 4] },
     #[error("unsupported frame version {found} (this build speaks version {VERSION})")]
     UnsupportedVersion { found: u8 },
@@ -99,9 +101,17 @@ impl Header {
         let sequence = u64::from_be_bytes(bytes[8..16].try_into().expect("8-byte slice"));
         let len = u32::from_be_bytes(bytes[16..20].try_into().expect("4-byte slice"));
         if len > max_payload {
-            return Err(FrameError::TooLong { len, max: max_payload });
+            return Err(FrameError::TooLong {
+                len,
+                max: max_payload,
+            });
         }
-        Ok(Header { kind, flags, sequence, len })
+        Ok(Header {
+            kind,
+            flags,
+            sequence,
+            len,
+        })
     }
 }
 
@@ -115,7 +125,15 @@ impl Frame {
     pub fn new(kind: Kind, sequence: u64, payload: Vec<u8>) -> Result<Frame, FrameError> {
         let len = u32::try_from(payload.len())
             .map_err(|_| FrameError::PayloadTooLarge { len: payload.len() })?;
-        Ok(Frame { header: Header { kind, flags: 0, sequence, len }, payload })
+        Ok(Frame {
+            header: Header {
+                kind,
+                flags: 0,
+                sequence,
+                len,
+            },
+            payload,
+        })
     }
 
     /// Header and payload as one buffer (for tests and small frames; the TCP path uses
@@ -142,15 +160,26 @@ pub enum ReadOutcome {
     /// The peer closed the stream exactly at a frame boundary.
     CleanEof,
     /// The stream ended inside a header or payload: `got` of `expected` bytes arrived.
-    Truncated { section: Section, expected: usize, got: usize },
+    Truncated {
+        section: Section,
+        expected: usize,
+        got: usize,
+    },
     /// We stopped the receiver ourselves; whatever was partially read does not matter.
     LocalShutdown,
 }
 
 #[derive(Debug)]
 enum State {
-    Header { buf: [u8; HEADER_LEN], filled: usize },
-    Payload { header: Header, buf: Vec<u8>, filled: usize },
+    Header {
+        buf: [u8; HEADER_LEN],
+        filled: usize,
+    },
+    Payload {
+        header: Header,
+        buf: Vec<u8>,
+        filled: usize,
+    },
     Failed(FrameError),
 }
 
@@ -165,7 +194,13 @@ pub struct Decoder {
 
 impl Decoder {
     pub fn new(max_payload: u32) -> Decoder {
-        Decoder { max_payload, state: State::Header { buf: [0; HEADER_LEN], filled: 0 } }
+        Decoder {
+            max_payload,
+            state: State::Header {
+                buf: [0; HEADER_LEN],
+                filled: 0,
+            },
+        }
     }
 
     pub fn max_payload(&self) -> u32 {
@@ -212,7 +247,11 @@ impl Decoder {
     pub fn read_slot(&mut self) -> &mut [u8] {
         match &mut self.state {
             State::Header { buf, filled } => &mut buf[*filled..],
-            State::Payload { header, buf, filled } => {
+            State::Payload {
+                header,
+                buf,
+                filled,
+            } => {
                 let want = (*filled + PAYLOAD_GROWTH).min(header.len as usize);
                 if buf.len() < want {
                     buf.resize(want, 0);
@@ -241,19 +280,33 @@ impl Decoder {
                 };
                 if header.len == 0 {
                     self.reset();
-                    return Ok(Some(Frame { header, payload: Vec::new() }));
+                    return Ok(Some(Frame {
+                        header,
+                        payload: Vec::new(),
+                    }));
                 }
                 // Only now, with the length validated, may a payload buffer exist.
-                self.state = State::Payload { header, buf: Vec::new(), filled: 0 };
+                self.state = State::Payload {
+                    header,
+                    buf: Vec::new(),
+                    filled: 0,
+                };
                 Ok(None)
             }
-            State::Payload { header, buf, filled } => {
+            State::Payload {
+                header,
+                buf,
+                filled,
+            } => {
                 *filled += n;
                 debug_assert!(*filled <= buf.len(), "commit past the read slot");
                 if *filled < header.len as usize {
                     return Ok(None);
                 }
-                let frame = Frame { header: *header, payload: std::mem::take(buf) };
+                let frame = Frame {
+                    header: *header,
+                    payload: std::mem::take(buf),
+                };
                 self.reset();
                 Ok(Some(frame))
             }
@@ -269,9 +322,11 @@ impl Decoder {
         }
         match &self.state {
             State::Header { filled: 0, .. } | State::Failed(_) => ReadOutcome::CleanEof,
-            State::Header { filled, .. } => {
-                ReadOutcome::Truncated { section: Section::Header, expected: HEADER_LEN, got: *filled }
-            }
+            State::Header { filled, .. } => ReadOutcome::Truncated {
+                section: Section::Header,
+                expected: HEADER_LEN,
+                got: *filled,
+            },
             State::Payload { header, filled, .. } => ReadOutcome::Truncated {
                 section: Section::Payload,
                 expected: header.len as usize,
@@ -281,7 +336,10 @@ impl Decoder {
     }
 
     fn reset(&mut self) {
-        self.state = State::Header { buf: [0; HEADER_LEN], filled: 0 };
+        self.state = State::Header {
+            buf: [0; HEADER_LEN],
+            filled: 0,
+        };
     }
 }
 
@@ -295,7 +353,12 @@ mod tests {
 
     #[test]
     fn header_round_trips() {
-        let h = Header { kind: Kind::Hello, flags: 0xbeef, sequence: u64::MAX - 3, len: 77 };
+        let h = Header {
+            kind: Kind::Hello,
+            flags: 0xbeef,
+            sequence: u64::MAX - 3,
+            len: 77,
+        };
         assert_eq!(Header::decode(&h.encode(), 100).unwrap(), h);
     }
 
@@ -303,10 +366,16 @@ mod tests {
     fn rejects_bad_version_and_kind() {
         let mut b = data(1, b"x").header.encode();
         b[4] = 9;
-        assert_eq!(Header::decode(&b, 10), Err(FrameError::UnsupportedVersion { found: 9 }));
+        assert_eq!(
+            Header::decode(&b, 10),
+            Err(FrameError::UnsupportedVersion { found: 9 })
+        );
         let mut b = data(1, b"x").header.encode();
         b[5] = 0;
-        assert_eq!(Header::decode(&b, 10), Err(FrameError::UnknownKind { found: 0 }));
+        assert_eq!(
+            Header::decode(&b, 10),
+            Err(FrameError::UnknownKind { found: 0 })
+        );
     }
 
     #[test]
@@ -315,7 +384,10 @@ mod tests {
         let mut d = Decoder::new(64);
         assert_eq!(d.feed(&f.encode()).unwrap(), (84, Some(f.clone())));
         let mut d = Decoder::new(63);
-        assert_eq!(d.feed(&f.encode()), Err(FrameError::TooLong { len: 64, max: 63 }));
+        assert_eq!(
+            d.feed(&f.encode()),
+            Err(FrameError::TooLong { len: 64, max: 63 })
+        );
         // The error sticks: a decoder never resynchronises inside a corrupt stream.
         assert_eq!(d.feed(&[0]), Err(FrameError::TooLong { len: 64, max: 63 }));
     }
@@ -339,12 +411,20 @@ mod tests {
         d.feed(&f[..7]).unwrap();
         assert_eq!(
             d.end_of_stream(false),
-            ReadOutcome::Truncated { section: Section::Header, expected: 20, got: 7 }
+            ReadOutcome::Truncated {
+                section: Section::Header,
+                expected: 20,
+                got: 7
+            }
         );
         d.feed(&f[7..22]).unwrap();
         assert_eq!(
             d.end_of_stream(false),
-            ReadOutcome::Truncated { section: Section::Payload, expected: 5, got: 2 }
+            ReadOutcome::Truncated {
+                section: Section::Payload,
+                expected: 5,
+                got: 2
+            }
         );
         assert_eq!(d.end_of_stream(true), ReadOutcome::LocalShutdown);
     }
@@ -352,7 +432,12 @@ mod tests {
     #[test]
     fn payload_buffer_grows_with_data_not_with_the_claim() {
         let mut d = Decoder::new(u32::MAX);
-        let h = Header { kind: Kind::Data, flags: 0, sequence: 0, len: u32::MAX };
+        let h = Header {
+            kind: Kind::Data,
+            flags: 0,
+            sequence: 0,
+            len: u32::MAX,
+        };
         d.feed(&h.encode()).unwrap();
         assert!(d.read_slot().len() <= PAYLOAD_GROWTH);
     }

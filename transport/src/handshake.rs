@@ -52,11 +52,19 @@ impl Hello {
 
 /// Initiator side: send the hello and wait for the answer, all within `timeout`. This is the
 /// backstop: a listener that accepts and then stalls or dies cannot hang the initiator.
-pub(crate) fn initiate(socket: &Socket, addr: SocketAddr, hello: &Hello, timeout: Duration) -> Result<()> {
+pub(crate) fn initiate(
+    socket: &Socket,
+    addr: SocketAddr,
+    hello: &Hello,
+    timeout: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let failed = |reason: String| {
         if reason.starts_with(TIMED_OUT) {
-            Error::Timeout { during: "handshake", after: timeout }
+            Error::Timeout {
+                during: "handshake",
+                after: timeout,
+            }
         } else {
             Error::Handshake { addr, reason }
         }
@@ -65,8 +73,13 @@ pub(crate) fn initiate(socket: &Socket, addr: SocketAddr, hello: &Hello, timeout
     let frame = read_control(socket, deadline).map_err(failed)?;
     match frame.header.kind {
         Kind::HelloAck => Ok(()),
-        Kind::HelloReject => Err(Error::Rejected(RejectReason::from_u8(frame.payload.first().copied().unwrap_or(0)))),
-        other => Err(Error::Handshake { addr, reason: format!("expected an ack, got a {other:?} frame") }),
+        Kind::HelloReject => Err(Error::Rejected(RejectReason::from_u8(
+            frame.payload.first().copied().unwrap_or(0),
+        ))),
+        other => Err(Error::Handshake {
+            addr,
+            reason: format!("expected an ack, got a {other:?} frame"),
+        }),
     }
 }
 
@@ -74,9 +87,13 @@ pub(crate) fn initiate(socket: &Socket, addr: SocketAddr, hello: &Hello, timeout
 pub(crate) fn read_hello(socket: &Socket, timeout: Duration) -> std::result::Result<Hello, String> {
     let frame = read_control(socket, Instant::now() + timeout)?;
     if frame.header.kind != Kind::Hello {
-        return Err(format!("expected a hello, got a {:?} frame", frame.header.kind));
+        return Err(format!(
+            "expected a hello, got a {:?} frame",
+            frame.header.kind
+        ));
     }
-    Hello::decode(&frame.payload).ok_or_else(|| format!("hello payload of {} bytes", frame.payload.len()))
+    Hello::decode(&frame.payload)
+        .ok_or_else(|| format!("hello payload of {} bytes", frame.payload.len()))
 }
 
 pub(crate) fn accept(socket: &Socket, timeout: Duration) -> std::result::Result<(), String> {
@@ -85,11 +102,26 @@ pub(crate) fn accept(socket: &Socket, timeout: Duration) -> std::result::Result<
 
 pub(crate) fn reject(socket: &Socket, reason: RejectReason, timeout: Duration) {
     // Best effort: the peer learns why, or sees the close.
-    let _ = send_control(socket, Kind::HelloReject, &[reason as u8], Instant::now() + timeout);
+    let _ = send_control(
+        socket,
+        Kind::HelloReject,
+        &[reason as u8],
+        Instant::now() + timeout,
+    );
 }
 
-fn send_control(socket: &Socket, kind: Kind, payload: &[u8], deadline: Instant) -> std::result::Result<(), String> {
-    let header = Header { kind, flags: 0, sequence: 0, len: payload.len() as u32 };
+fn send_control(
+    socket: &Socket,
+    kind: Kind,
+    payload: &[u8],
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let header = Header {
+        kind,
+        flags: 0,
+        sequence: 0,
+        len: payload.len() as u32,
+    };
     write_frame(socket, &header, payload, deadline).map_err(|e| match e {
         WriteError::Timeout { .. } => format!("{TIMED_OUT} sending"),
         WriteError::Io { error, .. } => format!("send failed: {error}"),
@@ -97,20 +129,30 @@ fn send_control(socket: &Socket, kind: Kind, payload: &[u8], deadline: Instant) 
 }
 
 fn read_control(socket: &Socket, deadline: Instant) -> std::result::Result<Frame, String> {
-    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    socket.set_read_timeout(Some(remaining)).map_err(|e| e.to_string())?;
+    let remaining = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    socket
+        .set_read_timeout(Some(remaining))
+        .map_err(|e| e.to_string())?;
     let never_stopped = AtomicBool::new(false);
     // Exact reads: whatever follows the handshake belongs to the connection's receiver.
-    let outcome = FrameReader::exact(HANDSHAKE_MAX_PAYLOAD).read_frame(&mut &*socket, &never_stopped);
+    let outcome =
+        FrameReader::exact(HANDSHAKE_MAX_PAYLOAD).read_frame(&mut &*socket, &never_stopped);
     socket.set_read_timeout(None).map_err(|e| e.to_string())?;
     match outcome {
         Ok(ReadOutcome::Frame(f)) => Ok(f),
         Ok(ReadOutcome::CleanEof) => Err("peer closed the connection during the handshake".into()),
-        Ok(ReadOutcome::Truncated { got, expected, .. }) => {
-            Err(format!("handshake frame truncated: {got} of {expected} bytes"))
-        }
+        Ok(ReadOutcome::Truncated { got, expected, .. }) => Err(format!(
+            "handshake frame truncated: {got} of {expected} bytes"
+        )),
         Ok(ReadOutcome::LocalShutdown) => Err("shut down during the handshake".into()),
-        Err(ReadError::Io(e)) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+        Err(ReadError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
             Err(format!("{TIMED_OUT} waiting for the handshake"))
         }
         Err(e) => Err(e.to_string()),

@@ -18,7 +18,7 @@ mod sockopt;
 
 pub use conn::{Connection, ConnectionOptions};
 pub use connect::{connect, ConnectOptions};
-pub use error::{Error, RejectReason, ReceiverError, Result, Terminal};
+pub use error::{Error, ReceiverError, RejectReason, Result, Terminal};
 pub use handshake::Hello;
 pub use listener::{Listener, ListenerOptions, ListenerStats};
 pub use sockopt::{Keepalive, SocketOptions};

@@ -63,6 +63,10 @@ pub struct ListenerStats {
     pub bad_token: u64,
     pub handshake_failed: u64,
     pub overloaded: u64,
+    /// Waits pending right now.
+    pub pending: usize,
+    /// Early connections parked right now.
+    pub parked: usize,
 }
 
 #[derive(Default)]
@@ -117,20 +121,36 @@ impl Listener {
     /// Bind and start accepting. Bind to port 0 for an ephemeral port.
     pub fn bind(addr: SocketAddr, opts: ListenerOptions) -> Result<Listener> {
         if opts.hello_timeout.is_zero() || opts.max_pending == 0 || opts.max_handshakes == 0 {
-            return Err(Error::InvalidArgument("hello_timeout, max_pending and max_handshakes must be above zero".into()));
+            return Err(Error::InvalidArgument(
+                "hello_timeout, max_pending and max_handshakes must be above zero".into(),
+            ));
         }
         let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         socket.set_reuse_address(true)?;
         socket.bind(&addr.into())?;
         socket.listen(1024)?;
-        let addr = socket.local_addr()?.as_socket().expect("bound to an inet address");
+        let addr = socket
+            .local_addr()?
+            .as_socket()
+            .expect("bound to an inet address");
         let socket = Arc::new(socket);
-        let shared = Arc::new(Shared { table: Mutex::new(Table::default()), counters: Counters::default(), opts });
+        let shared = Arc::new(Shared {
+            table: Mutex::new(Table::default()),
+            counters: Counters::default(),
+            opts,
+        });
         let acceptor = {
             let (socket, shared) = (Arc::clone(&socket), Arc::clone(&shared));
-            std::thread::Builder::new().name("wringer-accept".into()).spawn(move || accept_loop(&socket, &shared))?
+            std::thread::Builder::new()
+                .name("wringer-accept".into())
+                .spawn(move || accept_loop(&socket, &shared))?
         };
-        Ok(Listener { shared, socket, acceptor: Mutex::new(Some(acceptor)), addr })
+        Ok(Listener {
+            shared,
+            socket,
+            acceptor: Mutex::new(Some(acceptor)),
+            addr,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -142,7 +162,9 @@ impl Listener {
     /// "wait forever".
     pub fn wait_for(&self, sequence: u64, timeout: Duration) -> Result<Connection> {
         if timeout.is_zero() {
-            return Err(Error::InvalidArgument("wait_for timeout must be above zero (there is no 'wait forever')".into()));
+            return Err(Error::InvalidArgument(
+                "wait_for timeout must be above zero (there is no 'wait forever')".into(),
+            ));
         }
         let (deliver, delivered) = bounded(1);
         let generation = {
@@ -161,33 +183,59 @@ impl Listener {
                 return Connection::from_shared(socket, self.shared.opts.connection);
             }
             if t.pending.len() >= self.shared.opts.max_pending {
-                return Err(Error::PendingLimit { max: self.shared.opts.max_pending });
+                return Err(Error::PendingLimit {
+                    max: self.shared.opts.max_pending,
+                });
             }
             t.next_generation.insert(sequence, next + 1);
-            t.pending.insert(sequence, Waiter { generation: next, deliver });
+            t.pending.insert(
+                sequence,
+                Waiter {
+                    generation: next,
+                    deliver,
+                },
+            );
             next
         };
         if let Ok(result) = delivered.recv_timeout(timeout) {
             return result;
         }
         let mut t = self.shared.lock();
-        if t.pending.get(&sequence).is_some_and(|w| w.generation == generation) {
+        if t.pending
+            .get(&sequence)
+            .is_some_and(|w| w.generation == generation)
+        {
             t.pending.remove(&sequence);
-            self.shared.counters.timed_out.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Timeout { during: "waiting for a lazy connect", after: timeout });
+            self.shared
+                .counters
+                .timed_out
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Timeout {
+                during: "waiting for a lazy connect",
+                after: timeout,
+            });
         }
         drop(t);
         // Our entry is gone, so a deliverer took it under the lock and is about to send (it
         // only has a connection to build). Bounded anyway.
         delivered
             .recv_timeout(Duration::from_secs(10))
-            .unwrap_or(Err(Error::Timeout { during: "handing over a matched connection", after: timeout }))
+            .unwrap_or(Err(Error::Timeout {
+                during: "handing over a matched connection",
+                after: timeout,
+            }))
     }
 
     pub fn stats(&self) -> ListenerStats {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (pending, parked) = {
+            let t = self.shared.lock();
+            (t.pending.len(), t.parked.len())
+        };
         ListenerStats {
+            pending,
+            parked,
             accepted: get(&c.accepted),
             matched: get(&c.matched),
             timed_out: get(&c.timed_out),
@@ -248,7 +296,10 @@ fn accept_loop(listening: &Socket, shared: &Arc<Shared>) {
         reap_finished(&mut t);
         let socket = match accepted {
             Ok((socket, _)) => socket,
-            Err(e) if e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE) => {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EMFILE)
+                    || e.raw_os_error() == Some(libc::ENFILE) =>
+            {
                 drop(t);
                 // Out of descriptors: back off instead of spinning on the same error.
                 std::thread::sleep(Duration::from_millis(10));
@@ -268,17 +319,30 @@ fn accept_loop(listening: &Socket, shared: &Arc<Shared>) {
         // The table lock is held until the entry exists, so the thread always finds it.
         let worker = {
             let (socket, shared) = (Arc::clone(&socket), Arc::clone(shared));
-            std::thread::Builder::new().name("wringer-hello".into()).spawn(move || serve_handshake(socket, id, &shared))
+            std::thread::Builder::new()
+                .name("wringer-hello".into())
+                .spawn(move || serve_handshake(socket, id, &shared))
         };
         if let Ok(thread) = worker {
-            t.handshakes.insert(id, Handshake { socket: Some(socket), thread });
+            t.handshakes.insert(
+                id,
+                Handshake {
+                    socket: Some(socket),
+                    thread,
+                },
+            );
         }
     }
 }
 
 /// Join handshake threads that are done (each leaves its entry for this, so none is detached).
 fn reap_finished(t: &mut Table) {
-    let done: Vec<u64> = t.handshakes.iter().filter(|(_, h)| h.thread.is_finished()).map(|(id, _)| *id).collect();
+    let done: Vec<u64> = t
+        .handshakes
+        .iter()
+        .filter(|(_, h)| h.thread.is_finished())
+        .map(|(id, _)| *id)
+        .collect();
     for id in done {
         if let Some(h) = t.handshakes.remove(&id) {
             let _ = h.thread.join();
@@ -315,7 +379,9 @@ fn serve_handshake(socket: Arc<Socket>, id: u64, shared: &Shared) {
             let _ = waiter.deliver.send(result);
         }
         Placement::Parked => {}
-        Placement::Refused(socket, reason) => handshake::reject(&socket, reason, Duration::from_millis(10)),
+        Placement::Refused(socket, reason) => {
+            handshake::reject(&socket, reason, Duration::from_millis(10))
+        }
     }
 }
 
@@ -336,10 +402,16 @@ fn place(socket: Arc<Socket>, id: u64, hello: &Hello, shared: &Shared) -> Placem
     }
     let next = t.next_generation.get(&hello.sequence).copied().unwrap_or(0);
     let key = (hello.sequence, hello.generation);
-    let waiting = t.pending.get(&hello.sequence).is_some_and(|w| w.generation == hello.generation);
+    let waiting = t
+        .pending
+        .get(&hello.sequence)
+        .is_some_and(|w| w.generation == hello.generation);
     if !waiting {
         let refusal = if hello.generation < next {
-            shared.counters.stale_dropped.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .stale_dropped
+                .fetch_add(1, Ordering::Relaxed);
             Some(RejectReason::StaleGeneration)
         } else if t.parked.contains_key(&key) {
             Some(RejectReason::Duplicate)
@@ -355,7 +427,10 @@ fn place(socket: Arc<Socket>, id: u64, hello: &Hello, shared: &Shared) -> Placem
     }
     if handshake::accept(&socket, Duration::from_millis(100)).is_err() {
         // The peer vanished between hello and ack; a waiter keeps waiting.
-        shared.counters.handshake_failed.fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters
+            .handshake_failed
+            .fetch_add(1, Ordering::Relaxed);
         return Placement::Refused(socket, RejectReason::Malformed);
     }
     // From here the socket belongs to a connection: shutdown no longer needs our clone.
@@ -363,7 +438,10 @@ fn place(socket: Arc<Socket>, id: u64, hello: &Hello, shared: &Shared) -> Placem
         h.socket = None;
     }
     if waiting {
-        let waiter = t.pending.remove(&hello.sequence).expect("checked above under the same lock");
+        let waiter = t
+            .pending
+            .remove(&hello.sequence)
+            .expect("checked above under the same lock");
         Placement::Deliver(waiter, socket)
     } else {
         t.parked.insert(key, socket);

@@ -24,7 +24,11 @@ pub struct SocketOptions {
 
 impl Default for SocketOptions {
     fn default() -> Self {
-        SocketOptions { nodelay: true, keepalive: None, user_timeout: None }
+        SocketOptions {
+            nodelay: true,
+            keepalive: None,
+            user_timeout: None,
+        }
     }
 }
 

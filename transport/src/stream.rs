@@ -46,7 +46,13 @@ impl FrameReader {
     /// Never reads past the frame it returns, so the rest of the stream can go to a new owner
     /// (used for handshakes).
     pub fn exact(max_payload: u32) -> FrameReader {
-        FrameReader { decoder: Decoder::new(max_payload), buf: Box::new([]), start: 0, end: 0, exact: true }
+        FrameReader {
+            decoder: Decoder::new(max_payload),
+            buf: Box::new([]),
+            start: 0,
+            end: 0,
+            exact: true,
+        }
     }
 
     /// Bytes read but not yet returned as part of a frame.
@@ -56,7 +62,11 @@ impl FrameReader {
 
     /// Read one frame. `stopped` is our own stop flag: once it is set, an end of stream or a
     /// failing read is [`ReadOutcome::LocalShutdown`], whatever was partially read.
-    pub fn read_frame<R: Read>(&mut self, reader: &mut R, stopped: &AtomicBool) -> Result<ReadOutcome, ReadError> {
+    pub fn read_frame<R: Read>(
+        &mut self,
+        reader: &mut R,
+        stopped: &AtomicBool,
+    ) -> Result<ReadOutcome, ReadError> {
         loop {
             if self.start < self.end {
                 let (n, frame) = self.decoder.feed(&self.buf[self.start..self.end])?;
@@ -101,15 +111,25 @@ impl FrameReader {
 #[derive(Debug)]
 pub(crate) enum WriteError {
     /// Deadline passed; `written` bytes of the frame are already on the wire.
-    Timeout { written: usize },
-    Io { written: usize, error: io::Error },
+    Timeout {
+        written: usize,
+    },
+    Io {
+        written: usize,
+        error: io::Error,
+    },
 }
 
 /// Write a header and payload with one vectored send per attempt, never blocking past
 /// `deadline`. Sends are non-blocking (`MSG_DONTWAIT`) and wait in `poll(POLLOUT)`, so the socket
 /// itself stays in blocking mode for its receiver thread. `MSG_NOSIGNAL`: a dead peer is an
 /// error, not a SIGPIPE.
-pub(crate) fn write_frame(socket: &Socket, header: &Header, payload: &[u8], deadline: Instant) -> Result<(), WriteError> {
+pub(crate) fn write_frame(
+    socket: &Socket,
+    header: &Header,
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<(), WriteError> {
     let head = header.encode();
     let total = HEADER_LEN + payload.len();
     let mut written = 0;
@@ -117,7 +137,10 @@ pub(crate) fn write_frame(socket: &Socket, header: &Header, payload: &[u8], dead
         let bufs: [IoSlice; 2] = if written < HEADER_LEN {
             [IoSlice::new(&head[written..]), IoSlice::new(payload)]
         } else {
-            [IoSlice::new(&payload[written - HEADER_LEN..]), IoSlice::new(&[])]
+            [
+                IoSlice::new(&payload[written - HEADER_LEN..]),
+                IoSlice::new(&[]),
+            ]
         };
         match socket.send_vectored_with_flags(&bufs, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
             Ok(n) => written += n,
@@ -138,7 +161,11 @@ pub(crate) fn write_frame(socket: &Socket, header: &Header, payload: &[u8], dead
 }
 
 fn wait_writable(socket: &Socket, timeout: std::time::Duration) -> io::Result<()> {
-    let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+    let mut pfd = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
     // Round up so a sub-millisecond remainder still waits instead of spinning.
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1. The fd is
@@ -180,7 +207,10 @@ mod tests {
         let b = Frame::new(Kind::Data, 0, vec![4]).unwrap();
         let mut bytes = a.encode();
         bytes.extend(b.encode());
-        let mut src = Dribble { data: &bytes, chunk: 1000 };
+        let mut src = Dribble {
+            data: &bytes,
+            chunk: 1000,
+        };
         let stop = AtomicBool::new(false);
         let got = FrameReader::exact(64).read_frame(&mut src, &stop).unwrap();
         assert_eq!(got, ReadOutcome::Frame(a));
@@ -194,8 +224,17 @@ mod tests {
         let bytes = f.encode();
         let stop = AtomicBool::new(false);
         let mut r = FrameReader::new(1 << 20);
-        let mut src = Dribble { data: &bytes, chunk: 4096 };
-        assert_eq!(r.read_frame(&mut src, &stop).unwrap(), ReadOutcome::Frame(f));
-        assert_eq!(r.read_frame(&mut src, &stop).unwrap(), ReadOutcome::CleanEof);
+        let mut src = Dribble {
+            data: &bytes,
+            chunk: 4096,
+        };
+        assert_eq!(
+            r.read_frame(&mut src, &stop).unwrap(),
+            ReadOutcome::Frame(f)
+        );
+        assert_eq!(
+            r.read_frame(&mut src, &stop).unwrap(),
+            ReadOutcome::CleanEof
+        );
     }
 }

@@ -1,0 +1,300 @@
+//! Lazy connects and connect deadlines (seed 003, Gloo): both sides of a connect are bounded,
+//! every wait fires exactly once, and sockets for stale generations never reach later waiters.
+
+mod common;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::*;
+use transport::{
+    connect, ConnectOptions, Connection, Error, Hello, Listener, ListenerOptions, RejectReason,
+    Result,
+};
+
+const TOKEN: u128 = 0xfeed_beef;
+
+fn listener() -> Arc<Listener> {
+    Arc::new(Listener::bind(local(0), ListenerOptions::new(TOKEN)).unwrap())
+}
+
+fn hello(sequence: u64, generation: u64) -> Hello {
+    Hello {
+        rank: 7,
+        sequence,
+        generation,
+        token: TOKEN,
+    }
+}
+
+fn connect_in_background(l: &Listener, hello: Hello) -> JoinHandle<Result<Connection>> {
+    let addr = l.local_addr();
+    std::thread::spawn(move || connect(addr, &hello, &ConnectOptions::default()))
+}
+
+/// Bounded wait for the listener to show `n` pending waits.
+fn wait_pending(l: &Listener, n: usize) {
+    let deadline = Instant::now() + GENEROUS;
+    while l.stats().pending != n {
+        assert!(
+            Instant::now() < deadline,
+            "never saw {n} pending waits: {:?}",
+            l.stats()
+        );
+        std::thread::yield_now();
+    }
+}
+
+fn round_trip(a: &Connection, b: &Connection) {
+    a.send(b"ping", GENEROUS).unwrap();
+    assert_eq!(b.recv(GENEROUS).unwrap().payload, b"ping");
+    b.send(b"pong", GENEROUS).unwrap();
+    assert_eq!(a.recv(GENEROUS).unwrap().payload, b"pong");
+}
+
+#[test]
+fn listener_timeout() {
+    let l = listener();
+    let started = Instant::now();
+    let result = l.wait_for(1, Duration::from_millis(100));
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(Error::Timeout { .. })),
+        "got {result:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(5),
+        "took {took:?}"
+    );
+    assert_eq!(l.stats().timed_out, 1);
+    assert_eq!(l.stats().pending, 0);
+}
+
+#[test]
+fn listener_no_spurious_timeout() {
+    let l = listener();
+    let initiator = connect_in_background(&l, hello(1, 0));
+    let timeout = Duration::from_millis(300);
+    let accepted = l.wait_for(1, timeout).unwrap();
+    let initiated = initiator.join().unwrap().unwrap();
+    // Outlive the wait's deadline: nothing may fire afterwards.
+    std::thread::sleep(timeout * 2);
+    assert_eq!(l.stats().timed_out, 0);
+    assert_eq!(l.stats().matched, 1);
+    round_trip(&initiated, &accepted);
+}
+
+#[test]
+fn listener_late_socket_after_timeout() {
+    let l = listener();
+    assert!(matches!(
+        l.wait_for(5, Duration::from_millis(50)),
+        Err(Error::Timeout { .. })
+    ));
+    // The initiator of the timed-out generation shows up late: refused and counted.
+    let late = connect(l.local_addr(), &hello(5, 0), &ConnectOptions::default());
+    assert!(
+        matches!(late, Err(Error::Rejected(RejectReason::StaleGeneration))),
+        "got {late:?}"
+    );
+    assert_eq!(l.stats().stale_dropped, 1);
+    // The next generation of the same sequence still works.
+    let initiator = connect_in_background(&l, hello(5, 1));
+    let accepted = l.wait_for(5, GENEROUS).unwrap();
+    round_trip(&initiator.join().unwrap().unwrap(), &accepted);
+}
+
+#[test]
+fn sequence_reuse_across_two_groups() {
+    let l = listener();
+    // Group A uses sequence 3 (generation 0); group B reuses it (generation 1), and B's peer
+    // arrives before B's wait starts, so it is parked and then matched.
+    let a_init = connect_in_background(&l, hello(3, 0));
+    let a = l.wait_for(3, GENEROUS).unwrap();
+    let a_peer = a_init.join().unwrap().unwrap();
+    let b_peer = connect(l.local_addr(), &hello(3, 1), &ConnectOptions::default()).unwrap();
+    assert_eq!(l.stats().parked, 1);
+    let b = l.wait_for(3, GENEROUS).unwrap();
+    assert_eq!(l.stats().parked, 0);
+    round_trip(&a_peer, &a);
+    round_trip(&b_peer, &b);
+    // Each peer really is on its own group's connection.
+    a_peer.send(b"A", GENEROUS).unwrap();
+    b_peer.send(b"B", GENEROUS).unwrap();
+    assert_eq!(a.recv(GENEROUS).unwrap().payload, b"A");
+    assert_eq!(b.recv(GENEROUS).unwrap().payload, b"B");
+}
+
+#[test]
+fn duplicate_pending_wait_is_an_error() {
+    let l = listener();
+    let first = {
+        let l = Arc::clone(&l);
+        std::thread::spawn(move || l.wait_for(9, GENEROUS))
+    };
+    wait_pending(&l, 1);
+    assert!(matches!(
+        l.wait_for(9, GENEROUS),
+        Err(Error::DuplicateWait { sequence: 9 })
+    ));
+    // The first wait is untouched by the refused duplicate and still completes.
+    let peer = connect(l.local_addr(), &hello(9, 0), &ConnectOptions::default()).unwrap();
+    round_trip(&peer, &first.join().unwrap().unwrap());
+}
+
+#[test]
+fn shutdown_fails_every_pending_waiter() {
+    let l = listener();
+    let waiters: Vec<_> = (0..3)
+        .map(|seq| {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                (l.wait_for(seq, Duration::from_secs(60)), started.elapsed())
+            })
+        })
+        .collect();
+    wait_pending(&l, 3);
+    l.shutdown();
+    for w in waiters {
+        let (result, took) = w.join().unwrap();
+        assert!(
+            matches!(result, Err(Error::ListenerClosed)),
+            "got {result:?}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "waiter released after {took:?}"
+        );
+    }
+    assert!(matches!(
+        l.wait_for(0, GENEROUS),
+        Err(Error::ListenerClosed)
+    ));
+}
+
+#[test]
+fn pending_map_is_bounded() {
+    let mut opts = ListenerOptions::new(TOKEN);
+    opts.max_pending = 2;
+    let l = Arc::new(Listener::bind(local(0), opts).unwrap());
+    let waiters: Vec<_> = (0..2)
+        .map(|seq| {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || l.wait_for(seq, Duration::from_secs(60)))
+        })
+        .collect();
+    wait_pending(&l, 2);
+    assert!(matches!(
+        l.wait_for(2, GENEROUS),
+        Err(Error::PendingLimit { max: 2 })
+    ));
+    l.shutdown();
+    for w in waiters {
+        assert!(matches!(w.join().unwrap(), Err(Error::ListenerClosed)));
+    }
+}
+
+#[test]
+fn zero_timeout_is_rejected() {
+    let l = listener();
+    assert!(matches!(
+        l.wait_for(1, Duration::ZERO),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(l.stats().pending, 0);
+}
+
+#[test]
+fn wrong_token_is_rejected_and_counted() {
+    let l = listener();
+    let intruder = Hello {
+        token: TOKEN + 1,
+        ..hello(1, 0)
+    };
+    let result = connect(l.local_addr(), &intruder, &ConnectOptions::default());
+    assert!(
+        matches!(result, Err(Error::Rejected(RejectReason::BadToken))),
+        "got {result:?}"
+    );
+    assert_eq!(l.stats().bad_token, 1);
+}
+
+/// The backstop the Gloo review insisted on: a peer that accepts and never answers the hello.
+#[test]
+fn initiator_backstop_against_a_listener_that_never_answers() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let opts = ConnectOptions {
+        hello_timeout: Duration::from_millis(200),
+        ..ConnectOptions::default()
+    };
+    let started = Instant::now();
+    let result = connect(addr, &hello(1, 0), &opts);
+    assert!(
+        matches!(
+            result,
+            Err(Error::Timeout {
+                during: "handshake",
+                ..
+            })
+        ),
+        "got {result:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}
+
+#[test]
+fn initiator_fails_fast_when_the_listener_accepts_and_dies() {
+    let dying = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = dying.local_addr().unwrap();
+    let killer = std::thread::spawn(move || drop(dying.accept().unwrap()));
+    let started = Instant::now();
+    let result = connect(addr, &hello(1, 0), &ConnectOptions::default());
+    killer.join().unwrap();
+    assert!(
+        matches!(result, Err(Error::Handshake { .. })),
+        "got {result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn connect_to_a_closed_port_ends_in_a_timeout_error() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let opts = ConnectOptions {
+        deadline: Duration::from_millis(300),
+        ..ConnectOptions::default()
+    };
+    let started = Instant::now();
+    let result = connect(local(port), &hello(1, 0), &opts);
+    let took = started.elapsed();
+    match result {
+        Err(Error::ConnectTimeout { attempts, .. }) => assert!(attempts > 1, "no retries"),
+        other => panic!("expected ConnectTimeout, got {other:?}"),
+    }
+    assert!(
+        took >= Duration::from_millis(150) && took < Duration::from_secs(5),
+        "took {took:?}"
+    );
+}
+
+#[test]
+fn a_stalled_hello_does_not_block_other_peers() {
+    let l = listener();
+    let _stalled = std::net::TcpStream::connect(l.local_addr()).unwrap();
+    let initiator = connect_in_background(&l, hello(4, 0));
+    let accepted = l.wait_for(4, GENEROUS).unwrap();
+    round_trip(&initiator.join().unwrap().unwrap(), &accepted);
+}
