@@ -141,7 +141,7 @@ fn local_shutdown_mid_frame_is_local_shutdown_not_an_error() {
     FrameError::UnsupportedVersion { found: 99 })]
 fn garbage_header_is_a_typed_receiver_error(#[case] bytes: Vec<u8>, #[case] want: FrameError) {
     assert_eq!(
-        &bytes[0..4] == MAGIC,
+        bytes[0..4] == MAGIC,
         !matches!(want, FrameError::BadMagic { .. })
     );
     let (conn, mut peer) = conn_and_raw_peer();
