@@ -10,7 +10,9 @@ fn codec(c: &mut Criterion) {
         let frame = Frame::new(Kind::Data, 1, vec![0xa5; size]).unwrap();
         let bytes = frame.encode();
         g.throughput(Throughput::Bytes(bytes.len() as u64));
-        g.bench_with_input(BenchmarkId::new("encode", size), &frame, |b, f| b.iter(|| black_box(f.encode())));
+        g.bench_with_input(BenchmarkId::new("encode", size), &frame, |b, f| {
+            b.iter(|| black_box(f.encode()))
+        });
         g.bench_with_input(BenchmarkId::new("decode", size), &bytes, |b, bytes| {
             b.iter(|| {
                 let mut d = Decoder::new(2 << 20);

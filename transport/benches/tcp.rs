@@ -14,7 +14,10 @@ fn pair() -> (Connection, Connection) {
     let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (b, _) = l.accept().unwrap();
     let opts = ConnectionOptions::default();
-    (Connection::from_stream(a, opts).unwrap(), Connection::from_stream(b, opts).unwrap())
+    (
+        Connection::from_stream(a, opts).unwrap(),
+        Connection::from_stream(b, opts).unwrap(),
+    )
 }
 
 fn pingpong(c: &mut Criterion) {

@@ -18,7 +18,10 @@ const SIZES: [usize; 4] = [64, 4096, 65536, 1 << 20];
 const SOCKPERF_MAX: usize = (1 << 20) - 1;
 
 fn main() {
-    let secs: u64 = std::env::var("VERSUS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let secs: u64 = std::env::var("VERSUS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     let run = Duration::from_secs(secs);
     println!("| measure | wringer | reference | ratio (wringer/reference) |");
     println!("|---|---|---|---|");
@@ -34,12 +37,18 @@ fn main() {
                 }
                 Err(why) => (why.clone(), "-".into()),
             };
-            println!("| ping-pong {} {label} | {o:.1} µs | {t} | {ratio} |", human(size));
+            println!(
+                "| ping-pong {} {label} | {o:.1} µs | {t} | {ratio} |",
+                human(size)
+            );
         }
     }
     let ours = our_bandwidth(run);
     match iperf3_bandwidth(run) {
-        Ok(t) => println!("| stream 1 MiB | {ours:.2} Gbit/s | {t:.2} Gbit/s (iperf3) | {:.2} |", ours / t),
+        Ok(t) => println!(
+            "| stream 1 MiB | {ours:.2} Gbit/s | {t:.2} Gbit/s (iperf3) | {:.2} |",
+            ours / t
+        ),
         Err(why) => println!("| stream 1 MiB | {ours:.2} Gbit/s | {why} | - |"),
     }
     let (p50, p99, per_sec) = teardown_cycles(2000);
@@ -60,7 +69,10 @@ fn pair() -> (Connection, Connection) {
     let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (b, _) = l.accept().unwrap();
     let opts = ConnectionOptions::default();
-    (Connection::from_stream(a, opts).unwrap(), Connection::from_stream(b, opts).unwrap())
+    (
+        Connection::from_stream(a, opts).unwrap(),
+        Connection::from_stream(b, opts).unwrap(),
+    )
 }
 
 /// One-way latency percentiles (µs) of a ping-pong through an echoing peer.
@@ -89,7 +101,10 @@ fn our_pingpong(size: usize, run: Duration) -> (f64, f64) {
     }
     a.close().unwrap();
     echo.join().unwrap();
-    (hist.value_at_quantile(0.5) as f64 / 1e3, hist.value_at_quantile(0.99) as f64 / 1e3)
+    (
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+    )
 }
 
 fn our_bandwidth(run: Duration) -> f64 {
@@ -123,7 +138,11 @@ fn teardown_cycles(n: usize) -> (f64, f64, f64) {
         hist.record(t.elapsed().as_nanos() as u64).unwrap();
     }
     let per_sec = n as f64 / started.elapsed().as_secs_f64();
-    (hist.value_at_quantile(0.5) as f64 / 1e3, hist.value_at_quantile(0.99) as f64 / 1e3, per_sec)
+    (
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+        per_sec,
+    )
 }
 
 /// A reference tool's process, killed (by PID) and reaped on every exit path.
@@ -137,7 +156,11 @@ impl Drop for Reaped {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn spawn(cmd: &[&str]) -> Result<Reaped, String> {
@@ -148,7 +171,13 @@ fn spawn(cmd: &[&str]) -> Result<Reaped, String> {
         .stderr(Stdio::piped())
         .spawn()
         .map(Reaped)
-        .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { format!("{} not installed", cmd[0]) } else { e.to_string() })
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                format!("{} not installed", cmd[0])
+            } else {
+                e.to_string()
+            }
+        })
 }
 
 /// Wait (bounded) until something listens on 127.0.0.1:`port`, read from /proc/net/tcp so the
@@ -194,10 +223,35 @@ fn run_client(cmd: &[&str], limit: Duration) -> Result<String, String> {
 fn sockperf_pingpong(size: usize, run: Duration) -> Result<(f64, f64), String> {
     let port = free_port().to_string();
     let max = SOCKPERF_MAX.to_string();
-    let _server = spawn(&["sockperf", "server", "--tcp", "-i", "127.0.0.1", "-p", &port, "-m", &max])?;
+    let _server = spawn(&[
+        "sockperf",
+        "server",
+        "--tcp",
+        "-i",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-m",
+        &max,
+    ])?;
     wait_listening(port.parse().unwrap())?;
     let (m, t) = (size.to_string(), run.as_secs().max(1).to_string());
-    let out = run_client(&["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", &port, "-m", &m, "-t", &t], run * 4 + T)?;
+    let out = run_client(
+        &[
+            "sockperf",
+            "ping-pong",
+            "--tcp",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-m",
+            &m,
+            "-t",
+            &t,
+        ],
+        run * 4 + T,
+    )?;
     let pct = |p: &str| {
         out.lines()
             .find(|l| l.contains(&format!("percentile {p} =")))
@@ -206,7 +260,10 @@ fn sockperf_pingpong(size: usize, run: Duration) -> Result<(f64, f64), String> {
     };
     match (pct("50.000"), pct("99.000")) {
         (Some(a), Some(b)) => Ok((a, b)),
-        _ => Err(format!("unparsable sockperf output: {}", out.lines().last().unwrap_or(""))),
+        _ => Err(format!(
+            "unparsable sockperf output: {}",
+            out.lines().last().unwrap_or("")
+        )),
     }
 }
 
@@ -215,8 +272,25 @@ fn iperf3_bandwidth(run: Duration) -> Result<f64, String> {
     let _server = spawn(&["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", &port])?;
     wait_listening(port.parse().unwrap())?;
     let t = run.as_secs().max(1).to_string();
-    let out = run_client(&["iperf3", "-c", "127.0.0.1", "-p", &port, "-l", "1M", "-t", &t, "-J"], run * 4 + T)?;
-    let after = out.split("\"sum_received\"").nth(1).ok_or("no sum_received in iperf3 output")?;
+    let out = run_client(
+        &[
+            "iperf3",
+            "-c",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-l",
+            "1M",
+            "-t",
+            &t,
+            "-J",
+        ],
+        run * 4 + T,
+    )?;
+    let after = out
+        .split("\"sum_received\"")
+        .nth(1)
+        .ok_or("no sum_received in iperf3 output")?;
     let bps = after
         .split("\"bits_per_second\":")
         .nth(1)
