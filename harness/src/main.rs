@@ -1,12 +1,179 @@
-//! `wringer`: the coordinator and rank worker.
+//! `wringer`: the coordinator (`run`, `list`, `probe`, `validate`) and the rank worker (`rank`).
 
-use clap::Parser;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use harness::input::InputError;
+use harness::{hosts, probe, runner, scenario};
 
 /// Puts collective-communication transports through the wringer.
 #[derive(Parser)]
 #[command(name = "wringer", version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _ = Cli::parse();
+#[derive(Subcommand)]
+enum Command {
+    /// Run scenarios and write a report (exit 0: all passed or skipped, 1: a failure, 2: bad input).
+    Run {
+        /// Scenario files or folders.
+        #[arg(default_value = "scenarios")]
+        paths: Vec<PathBuf>,
+        #[arg(long, default_value = "hosts/local.yaml")]
+        hosts: PathBuf,
+        /// Where to write the report (default: reports/<run-id>/).
+        #[arg(long)]
+        report_dir: Option<PathBuf>,
+        /// Only scenarios whose name contains this text.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Override every scenario's repeat count.
+        #[arg(long)]
+        repeat: Option<u32>,
+        /// Seed for payload patterns (recorded in the report).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Turn every skip into a failure.
+        #[arg(long)]
+        strict: bool,
+    },
+    /// List scenarios with their requirements and whether this host profile can run them.
+    List {
+        #[arg(default_value = "scenarios")]
+        paths: Vec<PathBuf>,
+        #[arg(long, default_value = "hosts/local.yaml")]
+        hosts: PathBuf,
+    },
+    /// Show what each host of the profile has.
+    Probe {
+        #[arg(long, default_value = "hosts/local.yaml")]
+        hosts: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Parse and check scenario and host files only.
+    Validate {
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// The rank worker (started by `wringer run`, not by hand).
+    Rank {
+        #[arg(long)]
+        rendezvous: SocketAddr,
+        #[arg(long)]
+        rank: u32,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Run { paths, hosts, report_dir, filter, repeat, seed, strict } => (|| {
+            let profile = hosts::load(&hosts)?;
+            let scenarios = load_all(&paths)?;
+            let opts = runner::RunOptions { report_dir, filter, repeat, seed, strict };
+            Ok(runner::run(scenarios, &profile, probe::local(), &opts)?)
+        })(),
+        Command::List { paths, hosts } => (|| {
+            let profile = hosts::load(&hosts)?;
+            let facts = probe::local();
+            for l in load_all(&paths)? {
+                let s = &l.scenario;
+                let reqs: Vec<String> = s.requires.iter().map(|r| format!("{r:?}").to_lowercase()).collect();
+                let verdict = match s.requires.iter().find_map(|r| facts.check(*r, &profile).err()) {
+                    None => "runnable".to_string(),
+                    Some(reason) => format!("skip ({reason})"),
+                };
+                println!("{:<42} ranks={:<3} requires=[{}]  {verdict}", s.name, s.ranks.value, reqs.join(", "));
+            }
+            Ok(0)
+        })(),
+        Command::Probe { hosts, json } => (|| {
+            let profile = hosts::load(&hosts)?;
+            let facts = probe::local();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&facts)?);
+            } else {
+                print_facts(&profile.name, &facts);
+            }
+            Ok(0)
+        })(),
+        Command::Validate { paths } => validate(&paths),
+        Command::Rank { rendezvous, rank } => harness::rank::run(rendezvous, rank).map(|()| 0),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            // Bad input (files, YAML, schema) is exit 2; anything else is a failure.
+            let bad_input = e.downcast_ref::<InputError>().is_some() || e.downcast_ref::<clap::Error>().is_some();
+            ExitCode::from(if bad_input { 2 } else { 1 })
+        }
+    }
+}
+
+fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<scenario::Loaded>> {
+    let files = scenario::discover(paths)?;
+    if files.is_empty() {
+        return Err(InputError::plain(Path::new(&paths[0]), "no scenario files (*.yaml) found").into());
+    }
+    let mut loaded = vec![];
+    let mut names = std::collections::HashMap::new();
+    for f in files {
+        let l = scenario::load(&f)?;
+        if let Some(prev) = names.insert(l.scenario.name.clone(), f.clone()) {
+            return Err(InputError::plain(&f, format!("scenario name `{}` is also used by {}", l.scenario.name, prev.display())).into());
+        }
+        loaded.push(l);
+    }
+    Ok(loaded)
+}
+
+/// Check every file: host profiles (under a `hosts` folder) and scenarios; report them all.
+fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
+    let mut files = vec![];
+    for p in paths {
+        files.extend(scenario::discover(std::slice::from_ref(p))?);
+    }
+    let mut bad = 0;
+    for f in &files {
+        let is_hosts = f.parent().and_then(|d| d.file_name()).is_some_and(|n| n == "hosts");
+        let result = if is_hosts { hosts::load(f).map(|_| ()) } else { scenario::load(f).map(|_| ()) };
+        match result {
+            Ok(()) => println!("ok   {}", f.display()),
+            Err(e) => {
+                bad += 1;
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    Ok(if bad > 0 { 2 } else { 0 })
+}
+
+fn print_facts(profile: &str, f: &probe::HostFacts) {
+    println!("host profile: {profile}");
+    println!("host:    {} (kernel {})", f.host, f.kernel);
+    println!("root:    {}", f.root);
+    match &f.rdma_absent {
+        Some(why) => println!("rdma:    none ({why})"),
+        None => {
+            for d in &f.rdma_devices {
+                let ports: Vec<String> = d.ports.iter().map(|p| format!("port {} {}", p.port, p.state)).collect();
+                println!("rdma:    {}{} [{}]", d.name, if d.rxe { " (rxe)" } else { "" }, ports.join(", "));
+            }
+        }
+    }
+    if f.gpus.is_empty() {
+        println!("gpu:     none{}", if f.amd_kfd { " (AMD /dev/kfd present; ROCm not supported yet)" } else { "" });
+    } else {
+        println!("gpu:     {}", f.gpus.join(", "));
+    }
+    println!("netns:   {}", f.netns);
+    println!("docker:  {}", f.docker);
+    println!("vm:      {} (virtme-ng + qemu)", f.vm);
+    println!("gdb:     {}", f.gdb);
 }

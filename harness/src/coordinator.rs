@@ -1,0 +1,338 @@
+//! One run of one scenario: start the ranks, run the rendezvous, apply faults, release
+//! barriers, watch every step's deadline, and collect the evidence. Verdicts are not decided
+//! here but in `verdict`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::BufReader;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::launcher::LocalGroup;
+use crate::protocol::{read_line, write_line, CoordMsg, PeerAddrs, RankMsg, StepReport};
+use crate::scenario::{Fault, FaultAction, Step};
+
+/// How long ranks get to start and join the rendezvous.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the event loop checks deadlines and child exits when nothing arrives.
+const TICK: Duration = Duration::from_millis(20);
+
+/// What one repeat of a scenario produced.
+#[derive(Debug, Default)]
+pub struct Attempt {
+    pub reports: Vec<(u32, StepReport)>,
+    pub step_errors: Vec<(u32, usize, String)>,
+    /// Ranks that ended in a way the scenario did not plan for.
+    pub unexpected_exits: Vec<String>,
+    pub hang: Option<Hang>,
+    pub faults_struck: Vec<String>,
+    pub faults_missed: Vec<String>,
+    pub rejected_connections: u64,
+    pub interrupted: bool,
+    pub logs: Vec<PathBuf>,
+    pub setup_error: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Hang {
+    pub summary: String,
+    pub stacks: Vec<(u32, u32, String)>,
+}
+
+enum Event {
+    Joined { rank: u32, pid: u32, writer: TcpStream },
+    Msg { rank: u32, msg: RankMsg },
+    Gone,
+}
+
+#[derive(Default)]
+struct RankState {
+    writer: Option<TcpStream>,
+    addrs: Option<PeerAddrs>,
+    step: Option<(usize, Instant)>,
+    done: bool,
+    by_design: bool,
+    faulted: Option<FaultAction>,
+    exited: Option<String>,
+}
+
+pub struct Plan<'a> {
+    pub ranks: u32,
+    pub steps: &'a [Step],
+    pub faults: &'a [Fault],
+    pub deadline: Duration,
+    pub seed: u64,
+    pub log_dir: &'a Path,
+    pub interrupted: &'a AtomicBool,
+}
+
+pub fn run(plan: &Plan) -> Attempt {
+    let mut attempt = Attempt::default();
+    if let Err(e) = run_inner(plan, &mut attempt) {
+        attempt.setup_error = Some(format!("{e:#}"));
+    }
+    attempt.logs = (0..plan.ranks).map(|r| plan.log_dir.join(format!("rank-{r}.log"))).collect();
+    attempt
+}
+
+fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
+    let token = random_token()?;
+    let listener = Arc::new(TcpListener::bind("127.0.0.1:0").context("binding the rendezvous")?);
+    let addr = listener.local_addr()?;
+    let (events_tx, events) = crossbeam_channel::unbounded();
+    let rejected = Arc::new(AtomicU64::new(0));
+    let acceptor = spawn_acceptor(Arc::clone(&listener), token.clone(), events_tx, Arc::clone(&rejected));
+    let mut group = LocalGroup::start(plan.ranks, addr, &token, plan.log_dir)?;
+    let result = drive(plan, &mut group, &events, &token, attempt);
+    // Everything ends here, on every path: ranks (stopped ones included), then our threads.
+    group.kill_all();
+    // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
+    unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
+    let _ = acceptor.join();
+    attempt.rejected_connections = rejected.load(Ordering::Relaxed);
+    result
+}
+
+fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &str, attempt: &mut Attempt) -> Result<()> {
+    let n = plan.ranks as usize;
+    let started = Instant::now();
+    let scenario_deadline = started + plan.deadline;
+    let mut ranks: Vec<RankState> = (0..n).map(|_| RankState::default()).collect();
+    let mut barriers: HashMap<String, HashSet<u32>> = HashMap::new();
+    let mut struck: HashSet<usize> = HashSet::new();
+    let mut started_steps = false;
+
+    loop {
+        if plan.interrupted.load(Ordering::Relaxed) {
+            attempt.interrupted = true;
+            return Ok(());
+        }
+        match events.recv_timeout(TICK) {
+            Ok(Event::Joined { rank, pid, writer }) => {
+                let expected = group.pid(rank);
+                if (rank as usize) < n && expected == Some(pid) && ranks[rank as usize].writer.is_none() {
+                    ranks[rank as usize].writer = Some(writer);
+                } else {
+                    attempt.unexpected_exits.push(format!("a process claiming rank {rank} (pid {pid}) joined; not one of ours"));
+                }
+            }
+            Ok(Event::Msg { rank, msg }) => {
+                let r = rank as usize;
+                match msg {
+                    RankMsg::Hello { .. } => {}
+                    RankMsg::Ready { addrs } => ranks[r].addrs = Some(addrs),
+                    RankMsg::StepStart { step } => ranks[r].step = Some((step, Instant::now())),
+                    RankMsg::Point { step, name } => {
+                        for (i, f) in plan.faults.iter().enumerate() {
+                            if f.rank == rank && f.at == name && struck.insert(i) {
+                                let signal = match f.action {
+                                    FaultAction::Sigkill => Signal::SIGKILL,
+                                    FaultAction::Sigstop => Signal::SIGSTOP,
+                                };
+                                if let Some(pid) = group.pid(rank) {
+                                    let _ = kill(Pid::from_raw(pid as i32), signal);
+                                }
+                                ranks[r].faulted = Some(f.action);
+                                ranks[r].step = None;
+                                attempt.faults_struck.push(format!(
+                                    "{:?} to rank {rank} at `{name}` (step {step}) {:.0} ms into the run",
+                                    f.action,
+                                    started.elapsed().as_secs_f64() * 1e3
+                                ));
+                            }
+                        }
+                    }
+                    RankMsg::Barrier { name, parties } => {
+                        let arrived = barriers.entry(name.clone()).or_default();
+                        arrived.insert(rank);
+                        if arrived.len() >= parties as usize {
+                            for p in arrived.iter() {
+                                if let Some(w) = ranks[*p as usize].writer.as_mut() {
+                                    let _ = write_line(w, &CoordMsg::Release { name: name.clone() });
+                                }
+                            }
+                        }
+                    }
+                    RankMsg::StepResult(report) => {
+                        ranks[r].step = None;
+                        attempt.reports.push((rank, report));
+                    }
+                    RankMsg::StepError { step, error } => {
+                        ranks[r].step = None;
+                        attempt.step_errors.push((rank, step, error));
+                    }
+                    RankMsg::ExitingByDesign { .. } => {
+                        ranks[r].by_design = true;
+                        ranks[r].step = None;
+                    }
+                    RankMsg::Done => {
+                        ranks[r].done = true;
+                        ranks[r].step = None;
+                    }
+                }
+            }
+            Ok(Event::Gone) | Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("the rendezvous stopped"),
+        }
+
+        // Start once every rank has joined and published its addresses.
+        if !started_steps && ranks.iter().all(|r| r.writer.is_some() && r.addrs.is_some()) {
+            let peers: Vec<PeerAddrs> = ranks.iter().map(|r| r.addrs.clone().expect("checked")).collect();
+            for r in ranks.iter_mut() {
+                let start = CoordMsg::Start { steps: plan.steps.to_vec(), peers: peers.clone(), seed: plan.seed, token: token.to_string() };
+                write_line(r.writer.as_mut().expect("checked"), &start)?;
+            }
+            started_steps = true;
+        }
+        if !started_steps && started.elapsed() > JOIN_TIMEOUT.min(plan.deadline) {
+            let missing: Vec<String> = ranks.iter().enumerate().filter(|(_, r)| r.addrs.is_none()).map(|(i, _)| i.to_string()).collect();
+            attempt.hang = Some(Hang {
+                summary: format!("ranks {} never joined the rendezvous within {:?}", missing.join(", "), JOIN_TIMEOUT.min(plan.deadline)),
+                stacks: capture(group, &ranks),
+            });
+            return Ok(());
+        }
+
+        // Child exits.
+        for (i, child) in group.children.iter_mut().enumerate() {
+            if ranks[i].exited.is_none() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    ranks[i].exited = Some(status.to_string());
+                    let planned = ranks[i].faulted.is_some() || ranks[i].by_design || (ranks[i].done && status.success());
+                    if !planned {
+                        attempt.unexpected_exits.push(format!(
+                            "rank {i} ended ({status}) {}",
+                            match ranks[i].step {
+                                Some((s, _)) => format!("during step {s} ({})", plan.steps.get(s).map(|x| x.name()).unwrap_or("?")),
+                                None => "outside any step".to_string(),
+                            }
+                        ));
+                    }
+                }
+            }
+        }
+
+        // Finished: every rank exited, or was faulted (a stopped rank never exits by itself).
+        if ranks.iter().all(|r| r.exited.is_some() || r.faulted == Some(FaultAction::Sigstop)) {
+            break;
+        }
+
+        // The watchdog: every step and the scenario have deadlines.
+        let now = Instant::now();
+        let hung_step = ranks.iter().enumerate().find_map(|(i, r)| {
+            let (s, since) = r.step?;
+            let limit = plan.steps.get(s)?.deadline().0;
+            (r.exited.is_none() && now - since > limit).then(|| (i, s, limit))
+        });
+        if let Some((rank, step, limit)) = hung_step {
+            attempt.hang = Some(Hang {
+                summary: format!("rank {rank} hung in step {step} ({}) past its {limit:?} deadline", plan.steps[step].name()),
+                stacks: capture(group, &ranks),
+            });
+            return Ok(());
+        }
+        if now > scenario_deadline {
+            let running: Vec<String> = ranks
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.exited.is_none() && r.faulted.is_none())
+                .map(|(i, r)| match r.step {
+                    Some((s, _)) => format!("rank {i} in step {s} ({})", plan.steps[s].name()),
+                    None => format!("rank {i} between steps"),
+                })
+                .collect();
+            attempt.hang = Some(Hang {
+                summary: format!("scenario deadline of {:?} passed with {} still running", plan.deadline, running.join(", ")),
+                stacks: capture(group, &ranks),
+            });
+            return Ok(());
+        }
+    }
+    for (i, f) in plan.faults.iter().enumerate() {
+        if !struck.contains(&i) {
+            attempt.faults_missed.push(format!("{:?} for rank {} at `{}` never struck: the rank never reached that point", f.action, f.rank, f.at));
+        }
+    }
+    Ok(())
+}
+
+/// Stacks of every rank still alive (the hung one among them).
+fn capture(group: &LocalGroup, ranks: &[RankState]) -> Vec<(u32, u32, String)> {
+    (0..ranks.len() as u32)
+        .filter(|&r| ranks[r as usize].exited.is_none())
+        .filter_map(|r| group.pid(r).map(|pid| (r, pid, crate::procfs::capture_stacks(pid, Duration::from_secs(20)))))
+        .collect()
+}
+
+fn spawn_acceptor(listener: Arc<TcpListener>, token: String, events: Sender<Event>, rejected: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut readers = vec![];
+        while let Ok((stream, _)) = listener.accept() {
+            let (token, events, rejected) = (token.clone(), events.clone(), Arc::clone(&rejected));
+            readers.push(std::thread::spawn(move || serve_rank(stream, &token, &events, &rejected)));
+        }
+        for r in readers {
+            let _ = r.join();
+        }
+    })
+}
+
+/// The first line must be a hello with this run's token; anything else is rejected and counted.
+fn serve_rank(stream: TcpStream, token: &str, events: &Sender<Event>, rejected: &AtomicU64) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(writer) = stream.try_clone() else { return };
+    let mut reader = BufReader::new(stream);
+    let (rank, pid) = match read_line::<_, RankMsg>(&mut reader) {
+        Ok(Some(RankMsg::Hello { rank, token: t, pid })) if t == token => (rank, pid),
+        _ => {
+            rejected.fetch_add(1, Ordering::Relaxed);
+            let _ = writer.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    };
+    // Authenticated ranks live until they exit (or are killed); no read deadline from here on,
+    // the watchdog owns the deadlines.
+    let _ = reader.get_ref().set_read_timeout(None);
+    if events.send(Event::Joined { rank, pid, writer }).is_err() {
+        return;
+    }
+    loop {
+        match read_line::<_, RankMsg>(&mut reader) {
+            Ok(Some(msg)) => {
+                if events.send(Event::Msg { rank, msg }).is_err() {
+                    return;
+                }
+            }
+            _ => {
+                let _ = events.send(Event::Gone);
+                return;
+            }
+        }
+    }
+}
+
+pub fn random_token() -> Result<String> {
+    let mut buf = [0u8; 16];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Samples per key, merged across ranks.
+pub fn merged_samples(attempt: &Attempt) -> BTreeMap<String, Vec<f64>> {
+    let mut out: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for (_, r) in &attempt.reports {
+        for (k, v) in &r.samples {
+            out.entry(k.clone()).or_default().extend(v);
+        }
+    }
+    out
+}

@@ -1,0 +1,17 @@
+//! The wringer harness: scenario files, host profiles and probes, the coordinator and its
+//! ranks, the watchdog, verdicts and reports.
+
+pub mod coordinator;
+pub mod duration;
+pub mod hosts;
+pub mod input;
+pub mod launcher;
+pub mod probe;
+pub mod procfs;
+pub mod protocol;
+pub mod rank;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+pub mod steps;
+pub mod verdict;

@@ -1,0 +1,70 @@
+//! teardown-cycles: the MSCCL++ validation across two processes.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use transport::Terminal;
+
+use super::{connect_to, fd_is_closed, percentile, seq, settle};
+use crate::procfs::{open_fds, threads, wait_blocked_in_recv};
+use crate::protocol::StepReport;
+use crate::rank::Ctx;
+
+pub fn run(ctx: &Ctx, step: usize, cycles: u32, deadline: Duration, report: &mut StepReport) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let end = Instant::now() + deadline;
+    let (fds_before, threads_before) = (open_fds(), threads());
+    let mut shutdown_ms = Vec::with_capacity(cycles as usize);
+    let mut ebadf = 0u32;
+    let mut done = 0u32;
+    for i in 0..cycles {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("only {done} of {cycles} cycles fit in the step deadline");
+        }
+        let conn = if ctx.rank == 0 {
+            ctx.listener.wait_for(seq(step, i as u64), left)?
+        } else {
+            connect_to(ctx, 0, seq(step, i as u64), left)?
+        };
+        if !wait_blocked_in_recv(|| conn.receiver_tid(), left) {
+            bail!("cycle {i}: the receiver never blocked in recv");
+        }
+        if ctx.rank == 1 {
+            // Rank 0 tears down first, with our receiver blocked; we see it close, then close.
+            match conn.recv(left) {
+                Err(transport::Error::PeerClosed) => {}
+                Err(transport::Error::Receiver(e)) if e.is_ebadf() => ebadf += 1,
+                other => bail!("cycle {i}: expected the peer to close, got {other:?}"),
+            }
+        }
+        let started = Instant::now();
+        conn.close()?;
+        shutdown_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        if !fd_is_closed(conn.raw_fd()) {
+            bail!("cycle {i}: descriptor {} is still open after teardown", conn.raw_fd());
+        }
+        match conn.terminal() {
+            Some(Terminal::Failed(e)) if e.is_ebadf() => ebadf += 1,
+            Some(Terminal::Failed(e)) => bail!("cycle {i}: receiver failed: {e}"),
+            _ => {}
+        }
+        done += 1;
+    }
+    let (fd_delta, thread_delta) = settle(fds_before, threads_before, Duration::from_secs(2));
+    let m = &mut report.metrics;
+    m.insert("cycles".into(), done as f64);
+    m.insert("shutdown_p50_ms".into(), percentile(&shutdown_ms, 50.0));
+    m.insert("shutdown_p99_ms".into(), percentile(&shutdown_ms, 99.0));
+    m.insert("ebadf".into(), ebadf as f64);
+    m.insert("fd_delta".into(), fd_delta);
+    m.insert("thread_delta".into(), thread_delta);
+    report.notes.push(format!(
+        "rank {}: {done} cycles, max shutdown {:.3} ms",
+        ctx.rank,
+        shutdown_ms.iter().copied().fold(0.0, f64::max)
+    ));
+    Ok(())
+}
