@@ -50,7 +50,8 @@ pub struct Hang {
 enum Event {
     Joined { rank: u32, pid: u32, writer: TcpStream },
     Msg { rank: u32, msg: RankMsg },
-    Gone,
+    /// The rank's line closed: every message it sent has been delivered before this.
+    Gone { rank: u32 },
 }
 
 #[derive(Default)]
@@ -62,6 +63,8 @@ struct RankState {
     by_design: bool,
     faulted: Option<FaultAction>,
     exited: Option<String>,
+    gone: bool,
+    judged: bool,
 }
 
 pub struct Plan<'a> {
@@ -179,7 +182,12 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
                     }
                 }
             }
-            Ok(Event::Gone) | Err(RecvTimeoutError::Timeout) => {}
+            Ok(Event::Gone { rank }) => {
+                if let Some(r) = ranks.get_mut(rank as usize) {
+                    r.gone = true;
+                }
+            }
+             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => anyhow::bail!("the rendezvous stopped"),
         }
 
@@ -201,16 +209,28 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
             return Ok(());
         }
 
-        // Child exits.
+        // Child exits, judged once the rank's line has closed too (so its last messages are in).
         for (i, child) in group.children.iter_mut().enumerate() {
             if ranks[i].exited.is_none() {
                 if let Ok(Some(status)) = child.try_wait() {
                     ranks[i].exited = Some(status.to_string());
-                    let planned = ranks[i].faulted.is_some() || ranks[i].by_design || (ranks[i].done && status.success());
+                    // A rank that never joined has no line to wait for.
+                    if ranks[i].writer.is_none() {
+                        ranks[i].gone = true;
+                    }
+                }
+            }
+            let r = &mut ranks[i];
+            if let (Some(status), true, false) = (&r.exited, r.gone, r.judged) {
+                r.judged = true;
+                let success = status == "exit status: 0";
+                let planned = r.faulted.is_some() || r.by_design || (r.done && success);
+                {
+                    let status = status.clone();
                     if !planned {
                         attempt.unexpected_exits.push(format!(
                             "rank {i} ended ({status}) {}",
-                            match ranks[i].step {
+                            match r.step {
                                 Some((s, _)) => format!("during step {s} ({})", plan.steps.get(s).map(|x| x.name()).unwrap_or("?")),
                                 None => "outside any step".to_string(),
                             }
@@ -221,7 +241,7 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
         }
 
         // Finished: every rank exited, or was faulted (a stopped rank never exits by itself).
-        if ranks.iter().all(|r| r.exited.is_some() || r.faulted == Some(FaultAction::Sigstop)) {
+        if ranks.iter().all(|r| r.judged || r.faulted == Some(FaultAction::Sigstop)) {
             break;
         }
 
@@ -312,7 +332,7 @@ fn serve_rank(stream: TcpStream, token: &str, events: &Sender<Event>, rejected: 
                 }
             }
             _ => {
-                let _ = events.send(Event::Gone);
+                let _ = events.send(Event::Gone { rank });
                 return;
             }
         }
