@@ -15,6 +15,9 @@ pub fn threads() -> usize {
 
 /// True when thread `tid` of this process sleeps inside recvfrom/read.
 pub fn blocked_in_recv(tid: i32) -> bool {
+    if tid == 0 {
+        return false;
+    }
     let Ok(syscall) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
         return false;
     };
@@ -26,13 +29,23 @@ pub fn blocked_in_recv(tid: i32) -> bool {
 
 /// Wait, at most `limit`, until `tid()` names a thread blocked in a receive.
 pub fn wait_blocked_in_recv(tid: impl Fn() -> i32, limit: Duration) -> bool {
+    wait_until(|| blocked_in_recv(tid()), limit)
+}
+
+/// Poll `cond` (for states the kernel offers no event for) until it holds, at most `limit`.
+pub fn wait_until(cond: impl Fn() -> bool, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
+    let mut spins = 0u32;
     while Instant::now() < deadline {
-        let t = tid();
-        if t != 0 && blocked_in_recv(t) {
+        if cond() {
             return true;
         }
-        std::thread::yield_now();
+        spins += 1;
+        if spins < 200 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
     false
 }
