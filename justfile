@@ -10,6 +10,15 @@ test:
     cargo clippy --workspace --all-targets -- -D warnings
     cargo fmt --all --check
 
+# The main job: build in release and run every scenario this machine can run (loopback by default).
+test-local hosts="hosts/local.yaml" *args="":
+    cargo build --release -p harness
+    ./target/release/wringer run --hosts {{hosts}} {{args}}
+
+# Parse and check every scenario and host file.
+validate:
+    cargo run -q -p harness -- validate scenarios hosts
+
 # Our transport against sockperf and iperf3 in one run (ratio table), then the criterion benches.
 bench:
     cargo bench -p transport --bench versus

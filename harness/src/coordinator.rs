@@ -48,10 +48,19 @@ pub struct Hang {
 }
 
 enum Event {
-    Joined { rank: u32, pid: u32, writer: TcpStream },
-    Msg { rank: u32, msg: RankMsg },
+    Joined {
+        rank: u32,
+        pid: u32,
+        writer: TcpStream,
+    },
+    Msg {
+        rank: u32,
+        msg: RankMsg,
+    },
     /// The rank's line closed: every message it sent has been delivered before this.
-    Gone { rank: u32 },
+    Gone {
+        rank: u32,
+    },
 }
 
 #[derive(Default)]
@@ -82,7 +91,9 @@ pub fn run(plan: &Plan) -> Attempt {
     if let Err(e) = run_inner(plan, &mut attempt) {
         attempt.setup_error = Some(format!("{e:#}"));
     }
-    attempt.logs = (0..plan.ranks).map(|r| plan.log_dir.join(format!("rank-{r}.log"))).collect();
+    attempt.logs = (0..plan.ranks)
+        .map(|r| plan.log_dir.join(format!("rank-{r}.log")))
+        .collect();
     attempt
 }
 
@@ -92,7 +103,12 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     let addr = listener.local_addr()?;
     let (events_tx, events) = crossbeam_channel::unbounded();
     let rejected = Arc::new(AtomicU64::new(0));
-    let acceptor = spawn_acceptor(Arc::clone(&listener), token.clone(), events_tx, Arc::clone(&rejected));
+    let acceptor = spawn_acceptor(
+        Arc::clone(&listener),
+        token.clone(),
+        events_tx,
+        Arc::clone(&rejected),
+    );
     let mut group = LocalGroup::start(plan.ranks, addr, &token, plan.log_dir)?;
     let result = drive(plan, &mut group, &events, &token, attempt);
     // Everything ends here, on every path: ranks (stopped ones included), then our threads.
@@ -104,7 +120,13 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     result
 }
 
-fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &str, attempt: &mut Attempt) -> Result<()> {
+fn drive(
+    plan: &Plan,
+    group: &mut LocalGroup,
+    events: &Receiver<Event>,
+    token: &str,
+    attempt: &mut Attempt,
+) -> Result<()> {
     let n = plan.ranks as usize;
     let started = Instant::now();
     let scenario_deadline = started + plan.deadline;
@@ -121,10 +143,15 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
         match events.recv_timeout(TICK) {
             Ok(Event::Joined { rank, pid, writer }) => {
                 let expected = group.pid(rank);
-                if (rank as usize) < n && expected == Some(pid) && ranks[rank as usize].writer.is_none() {
+                if (rank as usize) < n
+                    && expected == Some(pid)
+                    && ranks[rank as usize].writer.is_none()
+                {
                     ranks[rank as usize].writer = Some(writer);
                 } else {
-                    attempt.unexpected_exits.push(format!("a process claiming rank {rank} (pid {pid}) joined; not one of ours"));
+                    attempt.unexpected_exits.push(format!(
+                        "a process claiming rank {rank} (pid {pid}) joined; not one of ours"
+                    ));
                 }
             }
             Ok(Event::Msg { rank, msg }) => {
@@ -159,7 +186,8 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
                         if arrived.len() >= parties as usize {
                             for p in arrived.iter() {
                                 if let Some(w) = ranks[*p as usize].writer.as_mut() {
-                                    let _ = write_line(w, &CoordMsg::Release { name: name.clone() });
+                                    let _ =
+                                        write_line(w, &CoordMsg::Release { name: name.clone() });
                                 }
                             }
                         }
@@ -187,23 +215,44 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
                     r.gone = true;
                 }
             }
-             Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => anyhow::bail!("the rendezvous stopped"),
         }
 
         // Start once every rank has joined and published its addresses.
-        if !started_steps && ranks.iter().all(|r| r.writer.is_some() && r.addrs.is_some()) {
-            let peers: Vec<PeerAddrs> = ranks.iter().map(|r| r.addrs.clone().expect("checked")).collect();
+        if !started_steps
+            && ranks
+                .iter()
+                .all(|r| r.writer.is_some() && r.addrs.is_some())
+        {
+            let peers: Vec<PeerAddrs> = ranks
+                .iter()
+                .map(|r| r.addrs.clone().expect("checked"))
+                .collect();
             for r in ranks.iter_mut() {
-                let start = CoordMsg::Start { steps: plan.steps.to_vec(), peers: peers.clone(), seed: plan.seed, token: token.to_string() };
+                let start = CoordMsg::Start {
+                    steps: plan.steps.to_vec(),
+                    peers: peers.clone(),
+                    seed: plan.seed,
+                    token: token.to_string(),
+                };
                 write_line(r.writer.as_mut().expect("checked"), &start)?;
             }
             started_steps = true;
         }
         if !started_steps && started.elapsed() > JOIN_TIMEOUT.min(plan.deadline) {
-            let missing: Vec<String> = ranks.iter().enumerate().filter(|(_, r)| r.addrs.is_none()).map(|(i, _)| i.to_string()).collect();
+            let missing: Vec<String> = ranks
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.addrs.is_none())
+                .map(|(i, _)| i.to_string())
+                .collect();
             attempt.hang = Some(Hang {
-                summary: format!("ranks {} never joined the rendezvous within {:?}", missing.join(", "), JOIN_TIMEOUT.min(plan.deadline)),
+                summary: format!(
+                    "ranks {} never joined the rendezvous within {:?}",
+                    missing.join(", "),
+                    JOIN_TIMEOUT.min(plan.deadline)
+                ),
                 stacks: capture(group, &ranks),
             });
             return Ok(());
@@ -231,7 +280,10 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
                         attempt.unexpected_exits.push(format!(
                             "rank {i} ended ({status}) {}",
                             match r.step {
-                                Some((s, _)) => format!("during step {s} ({})", plan.steps.get(s).map(|x| x.name()).unwrap_or("?")),
+                                Some((s, _)) => format!(
+                                    "during step {s} ({})",
+                                    plan.steps.get(s).map(|x| x.name()).unwrap_or("?")
+                                ),
                                 None => "outside any step".to_string(),
                             }
                         ));
@@ -241,7 +293,10 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
         }
 
         // Finished: every rank exited, or was faulted (a stopped rank never exits by itself).
-        if ranks.iter().all(|r| r.judged || r.faulted == Some(FaultAction::Sigstop)) {
+        if ranks
+            .iter()
+            .all(|r| r.judged || r.faulted == Some(FaultAction::Sigstop))
+        {
             break;
         }
 
@@ -250,11 +305,14 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
         let hung_step = ranks.iter().enumerate().find_map(|(i, r)| {
             let (s, since) = r.step?;
             let limit = plan.steps.get(s)?.deadline().0;
-            (r.exited.is_none() && now - since > limit).then(|| (i, s, limit))
+            (r.exited.is_none() && now - since > limit).then_some((i, s, limit))
         });
         if let Some((rank, step, limit)) = hung_step {
             attempt.hang = Some(Hang {
-                summary: format!("rank {rank} hung in step {step} ({}) past its {limit:?} deadline", plan.steps[step].name()),
+                summary: format!(
+                    "rank {rank} hung in step {step} ({}) past its {limit:?} deadline",
+                    plan.steps[step].name()
+                ),
                 stacks: capture(group, &ranks),
             });
             return Ok(());
@@ -270,7 +328,11 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
                 })
                 .collect();
             attempt.hang = Some(Hang {
-                summary: format!("scenario deadline of {:?} passed with {} still running", plan.deadline, running.join(", ")),
+                summary: format!(
+                    "scenario deadline of {:?} passed with {} still running",
+                    plan.deadline,
+                    running.join(", ")
+                ),
                 stacks: capture(group, &ranks),
             });
             return Ok(());
@@ -278,7 +340,10 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
     }
     for (i, f) in plan.faults.iter().enumerate() {
         if !struck.contains(&i) {
-            attempt.faults_missed.push(format!("{:?} for rank {} at `{}` never struck: the rank never reached that point", f.action, f.rank, f.at));
+            attempt.faults_missed.push(format!(
+                "{:?} for rank {} at `{}` never struck: the rank never reached that point",
+                f.action, f.rank, f.at
+            ));
         }
     }
     Ok(())
@@ -288,16 +353,31 @@ fn drive(plan: &Plan, group: &mut LocalGroup, events: &Receiver<Event>, token: &
 fn capture(group: &LocalGroup, ranks: &[RankState]) -> Vec<(u32, u32, String)> {
     (0..ranks.len() as u32)
         .filter(|&r| ranks[r as usize].exited.is_none())
-        .filter_map(|r| group.pid(r).map(|pid| (r, pid, crate::procfs::capture_stacks(pid, Duration::from_secs(20)))))
+        .filter_map(|r| {
+            group.pid(r).map(|pid| {
+                (
+                    r,
+                    pid,
+                    crate::procfs::capture_stacks(pid, Duration::from_secs(20)),
+                )
+            })
+        })
         .collect()
 }
 
-fn spawn_acceptor(listener: Arc<TcpListener>, token: String, events: Sender<Event>, rejected: Arc<AtomicU64>) -> std::thread::JoinHandle<()> {
+fn spawn_acceptor(
+    listener: Arc<TcpListener>,
+    token: String,
+    events: Sender<Event>,
+    rejected: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut readers = vec![];
         while let Ok((stream, _)) = listener.accept() {
             let (token, events, rejected) = (token.clone(), events.clone(), Arc::clone(&rejected));
-            readers.push(std::thread::spawn(move || serve_rank(stream, &token, &events, &rejected)));
+            readers.push(std::thread::spawn(move || {
+                serve_rank(stream, &token, &events, &rejected)
+            }));
         }
         for r in readers {
             let _ = r.join();
@@ -308,10 +388,16 @@ fn spawn_acceptor(listener: Arc<TcpListener>, token: String, events: Sender<Even
 /// The first line must be a hello with this run's token; anything else is rejected and counted.
 fn serve_rank(stream: TcpStream, token: &str, events: &Sender<Event>, rejected: &AtomicU64) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let Ok(writer) = stream.try_clone() else { return };
+    let Ok(writer) = stream.try_clone() else {
+        return;
+    };
     let mut reader = BufReader::new(stream);
     let (rank, pid) = match read_line::<_, RankMsg>(&mut reader) {
-        Ok(Some(RankMsg::Hello { rank, token: t, pid })) if t == token => (rank, pid),
+        Ok(Some(RankMsg::Hello {
+            rank,
+            token: t,
+            pid,
+        })) if t == token => (rank, pid),
         _ => {
             rejected.fetch_add(1, Ordering::Relaxed);
             let _ = writer.shutdown(std::net::Shutdown::Both);

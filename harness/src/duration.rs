@@ -12,19 +12,29 @@ pub struct Dur(pub Duration);
 impl Dur {
     pub fn parse(s: &str) -> Result<Dur, String> {
         let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+        let split = s
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let value: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration like 500ms, 30s or 2m"))?;
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a duration like 500ms, 30s or 2m"))?;
         let secs = match unit.trim() {
             "ms" => value / 1e3,
             "s" => value,
             "m" => value * 60.0,
             "us" | "µs" => value / 1e6,
             "" => return Err(format!("`{s}` has no unit: write 500ms, 30s or 2m")),
-            other => return Err(format!("unknown duration unit `{other}` in `{s}` (use us, ms, s or m)")),
+            other => {
+                return Err(format!(
+                    "unknown duration unit `{other}` in `{s}` (use us, ms, s or m)"
+                ))
+            }
         };
         if !(secs.is_finite() && secs > 0.0) {
-            return Err(format!("duration `{s}` must be above zero (there is no 'forever')"));
+            return Err(format!(
+                "duration `{s}` must be above zero (there is no 'forever')"
+            ));
         }
         Ok(Dur(Duration::from_secs_f64(secs)))
     }
@@ -76,7 +86,9 @@ mod tests {
         assert_eq!(Dur::parse("1.5s").unwrap().0, Duration::from_millis(1500));
         assert!(Dur::parse("0s").unwrap_err().contains("above zero"));
         assert!(Dur::parse("30").unwrap_err().contains("no unit"));
-        assert!(Dur::parse("3h").unwrap_err().contains("unknown duration unit"));
+        assert!(Dur::parse("3h")
+            .unwrap_err()
+            .contains("unknown duration unit"));
         for d in ["250ms", "90s", "20us"] {
             let parsed = Dur::parse(d).unwrap();
             assert_eq!(Dur::parse(&parsed.to_string()).unwrap(), parsed);

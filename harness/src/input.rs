@@ -9,14 +9,22 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum InputError {
     #[error("{file}:{line}:{column}: {message}")]
-    Located { file: PathBuf, line: u64, column: u64, message: String },
+    Located {
+        file: PathBuf,
+        line: u64,
+        column: u64,
+        message: String,
+    },
     #[error("{file}: {message}")]
     Plain { file: PathBuf, message: String },
 }
 
 impl InputError {
     pub fn plain(file: &Path, message: impl Into<String>) -> InputError {
-        InputError::Plain { file: file.to_owned(), message: message.into() }
+        InputError::Plain {
+            file: file.to_owned(),
+            message: message.into(),
+        }
     }
 
     pub fn io(file: &Path, e: std::io::Error) -> InputError {
@@ -25,7 +33,12 @@ impl InputError {
 }
 
 pub fn located(file: &Path, at: &Location, message: String) -> InputError {
-    InputError::Located { file: file.to_owned(), line: at.line(), column: at.column(), message }
+    InputError::Located {
+        file: file.to_owned(),
+        line: at.line(),
+        column: at.column(),
+        message,
+    }
 }
 
 /// Parse YAML into `T`, mapping parser and schema errors to a located [`InputError`].
@@ -34,7 +47,12 @@ pub fn parse_yaml<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, Inp
         // The library's message starts with its own "line L column C:" prefix and appends a
         // snippet; keep the first line's message and put our file:line:column in front.
         let full = e.to_string();
-        let first = full.lines().next().unwrap_or("").trim_start_matches("error: ").to_string();
+        let first = full
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("error: ")
+            .to_string();
         let message = match first.split_once(": ") {
             Some((prefix, rest)) if prefix.starts_with("line ") => rest.to_string(),
             _ => first,

@@ -21,19 +21,33 @@ pub struct LocalGroup {
 
 impl LocalGroup {
     /// Start `ranks` copies of `wringer rank`, logs in `log_dir/rank-N.log`.
-    pub fn start(ranks: u32, rendezvous: SocketAddr, token: &str, log_dir: &Path) -> Result<LocalGroup> {
+    pub fn start(
+        ranks: u32,
+        rendezvous: SocketAddr,
+        token: &str,
+        log_dir: &Path,
+    ) -> Result<LocalGroup> {
         let exe = std::env::current_exe().context("locating the wringer binary")?;
         std::fs::create_dir_all(log_dir)?;
-        let mut group = LocalGroup { children: vec![], pgid: 0 };
+        let mut group = LocalGroup {
+            children: vec![],
+            pgid: 0,
+        };
         for rank in 0..ranks {
             let log = File::create(log_dir.join(format!("rank-{rank}.log")))?;
             let mut cmd = Command::new(&exe);
-            cmd.args(["rank", "--rendezvous", &rendezvous.to_string(), "--rank", &rank.to_string()])
-                .env(TOKEN_ENV, token)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .process_group(group.pgid);
+            cmd.args([
+                "rank",
+                "--rendezvous",
+                &rendezvous.to_string(),
+                "--rank",
+                &rank.to_string(),
+            ])
+            .env(TOKEN_ENV, token)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(group.pgid);
             // SAFETY: prctl is async-signal-safe and touches no memory of the parent; it only
             // asks the kernel to SIGKILL this child when the spawning thread (the coordinator's
             // main thread) dies, so a killed coordinator cannot leave ranks behind.

@@ -72,23 +72,50 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Run { paths, hosts, report_dir, filter, repeat, seed, strict } => (|| {
+        Command::Run {
+            paths,
+            hosts,
+            report_dir,
+            filter,
+            repeat,
+            seed,
+            strict,
+        } => (|| {
             let profile = hosts::load(&hosts)?;
             let scenarios = load_all(&paths)?;
-            let opts = runner::RunOptions { report_dir, filter, repeat, seed, strict };
-            Ok(runner::run(scenarios, &profile, probe::local(), &opts)?)
+            let opts = runner::RunOptions {
+                report_dir,
+                filter,
+                repeat,
+                seed,
+                strict,
+            };
+            runner::run(scenarios, &profile, probe::local(), &opts)
         })(),
         Command::List { paths, hosts } => (|| {
             let profile = hosts::load(&hosts)?;
             let facts = probe::local();
             for l in load_all(&paths)? {
                 let s = &l.scenario;
-                let reqs: Vec<String> = s.requires.iter().map(|r| format!("{r:?}").to_lowercase()).collect();
-                let verdict = match s.requires.iter().find_map(|r| facts.check(*r, &profile).err()) {
+                let reqs: Vec<String> = s
+                    .requires
+                    .iter()
+                    .map(|r| format!("{r:?}").to_lowercase())
+                    .collect();
+                let verdict = match s
+                    .requires
+                    .iter()
+                    .find_map(|r| facts.check(*r, &profile).err())
+                {
                     None => "runnable".to_string(),
                     Some(reason) => format!("skip ({reason})"),
                 };
-                println!("{:<42} ranks={:<3} requires=[{}]  {verdict}", s.name, s.ranks.value, reqs.join(", "));
+                println!(
+                    "{:<42} ranks={:<3} requires=[{}]  {verdict}",
+                    s.name,
+                    s.ranks.value,
+                    reqs.join(", ")
+                );
             }
             Ok(0)
         })(),
@@ -110,7 +137,8 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e:#}");
             // Bad input (files, YAML, schema) is exit 2; anything else is a failure.
-            let bad_input = e.downcast_ref::<InputError>().is_some() || e.downcast_ref::<clap::Error>().is_some();
+            let bad_input = e.downcast_ref::<InputError>().is_some()
+                || e.downcast_ref::<clap::Error>().is_some();
             ExitCode::from(if bad_input { 2 } else { 1 })
         }
     }
@@ -119,14 +147,24 @@ fn main() -> ExitCode {
 fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<scenario::Loaded>> {
     let files = scenario::discover(paths)?;
     if files.is_empty() {
-        return Err(InputError::plain(Path::new(&paths[0]), "no scenario files (*.yaml) found").into());
+        return Err(
+            InputError::plain(Path::new(&paths[0]), "no scenario files (*.yaml) found").into(),
+        );
     }
     let mut loaded = vec![];
     let mut names = std::collections::HashMap::new();
     for f in files {
         let l = scenario::load(&f)?;
         if let Some(prev) = names.insert(l.scenario.name.clone(), f.clone()) {
-            return Err(InputError::plain(&f, format!("scenario name `{}` is also used by {}", l.scenario.name, prev.display())).into());
+            return Err(InputError::plain(
+                &f,
+                format!(
+                    "scenario name `{}` is also used by {}",
+                    l.scenario.name,
+                    prev.display()
+                ),
+            )
+            .into());
         }
         loaded.push(l);
     }
@@ -141,8 +179,15 @@ fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
     }
     let mut bad = 0;
     for f in &files {
-        let is_hosts = f.parent().and_then(|d| d.file_name()).is_some_and(|n| n == "hosts");
-        let result = if is_hosts { hosts::load(f).map(|_| ()) } else { scenario::load(f).map(|_| ()) };
+        let is_hosts = f
+            .parent()
+            .and_then(|d| d.file_name())
+            .is_some_and(|n| n == "hosts");
+        let result = if is_hosts {
+            hosts::load(f).map(|_| ())
+        } else {
+            scenario::load(f).map(|_| ())
+        };
         match result {
             Ok(()) => println!("ok   {}", f.display()),
             Err(e) => {
@@ -162,13 +207,29 @@ fn print_facts(profile: &str, f: &probe::HostFacts) {
         Some(why) => println!("rdma:    none ({why})"),
         None => {
             for d in &f.rdma_devices {
-                let ports: Vec<String> = d.ports.iter().map(|p| format!("port {} {}", p.port, p.state)).collect();
-                println!("rdma:    {}{} [{}]", d.name, if d.rxe { " (rxe)" } else { "" }, ports.join(", "));
+                let ports: Vec<String> = d
+                    .ports
+                    .iter()
+                    .map(|p| format!("port {} {}", p.port, p.state))
+                    .collect();
+                println!(
+                    "rdma:    {}{} [{}]",
+                    d.name,
+                    if d.rxe { " (rxe)" } else { "" },
+                    ports.join(", ")
+                );
             }
         }
     }
     if f.gpus.is_empty() {
-        println!("gpu:     none{}", if f.amd_kfd { " (AMD /dev/kfd present; ROCm not supported yet)" } else { "" });
+        println!(
+            "gpu:     none{}",
+            if f.amd_kfd {
+                " (AMD /dev/kfd present; ROCm not supported yet)"
+            } else {
+                ""
+            }
+        );
     } else {
         println!("gpu:     {}", f.gpus.join(", "));
     }

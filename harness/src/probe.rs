@@ -89,10 +89,16 @@ impl HostFacts {
                 if let Some(why) = &self.rdma_absent {
                     return skip("no-rdma-device", why.clone());
                 }
-                let active = self.rdma_devices.iter().any(|d| d.ports.iter().any(|p| p.state.contains("ACTIVE")));
+                let active = self
+                    .rdma_devices
+                    .iter()
+                    .any(|d| d.ports.iter().any(|p| p.state.contains("ACTIVE")));
                 if !active {
                     let names: Vec<_> = self.rdma_devices.iter().map(|d| d.name.as_str()).collect();
-                    return skip("rdma-port-down", format!("no ACTIVE port on {}", names.join(", ")));
+                    return skip(
+                        "rdma-port-down",
+                        format!("no ACTIVE port on {}", names.join(", ")),
+                    );
                 }
                 Ok(())
             }
@@ -100,38 +106,61 @@ impl HostFacts {
                 if !self.gpus.is_empty() {
                     Ok(())
                 } else if self.amd_kfd {
-                    skip("rocm-unsupported", "an AMD GPU (/dev/kfd) is present; ROCm is not supported yet".into())
+                    skip(
+                        "rocm-unsupported",
+                        "an AMD GPU (/dev/kfd) is present; ROCm is not supported yet".into(),
+                    )
                 } else {
-                    skip("no-gpu", "no NVIDIA GPU (/proc/driver/nvidia/gpus is absent or empty)".into())
+                    skip(
+                        "no-gpu",
+                        "no NVIDIA GPU (/proc/driver/nvidia/gpus is absent or empty)".into(),
+                    )
                 }
             }
             Requirement::Xhost if profile.hosts() < 2 => skip(
                 "single-host-profile",
-                format!("host profile `{}` has {} host; cross-host scenarios need two", profile.name, profile.hosts()),
+                format!(
+                    "host profile `{}` has {} host; cross-host scenarios need two",
+                    profile.name,
+                    profile.hosts()
+                ),
             ),
             Requirement::Xhost => Ok(()),
-            Requirement::Root if !self.root => skip("not-root", "needs root (CAP_NET_ADMIN and friends)".into()),
-            Requirement::Root => Ok(()),
-            Requirement::Netns if !(self.netns && self.root) => {
-                skip("no-netns", "network namespaces need root and iproute2's `ip`".into())
+            Requirement::Root if !self.root => {
+                skip("not-root", "needs root (CAP_NET_ADMIN and friends)".into())
             }
+            Requirement::Root => Ok(()),
+            Requirement::Netns if !(self.netns && self.root) => skip(
+                "no-netns",
+                "network namespaces need root and iproute2's `ip`".into(),
+            ),
             Requirement::Netns => Ok(()),
-            Requirement::Docker if !self.docker => skip("no-docker", "/var/run/docker.sock is absent".into()),
+            Requirement::Docker if !self.docker => {
+                skip("no-docker", "/var/run/docker.sock is absent".into())
+            }
             Requirement::Docker => Ok(()),
-            Requirement::Vm if !self.vm => skip("no-vm", "virtme-ng (`vng`) or qemu-system-x86_64 is not installed".into()),
+            Requirement::Vm if !self.vm => skip(
+                "no-vm",
+                "virtme-ng (`vng`) or qemu-system-x86_64 is not installed".into(),
+            ),
             Requirement::Vm => Ok(()),
         }
     }
 }
 
 fn read_trim(path: impl AsRef<Path>) -> Option<String> {
-    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
     let root = Path::new("/sys/class/infiniband");
     let Ok(entries) = std::fs::read_dir(root) else {
-        return (vec![], Some("/sys/class/infiniband is absent (the kernel has no RDMA support loaded)".into()));
+        return (
+            vec![],
+            Some("/sys/class/infiniband is absent (the kernel has no RDMA support loaded)".into()),
+        );
     };
     let mut devices = vec![];
     for dev in entries.flatten() {
@@ -145,11 +174,14 @@ fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
             }
         }
         ports.sort_by_key(|p| p.port);
-        let rxe = name.starts_with("rxe") || read_trim(dev.path().join("node_desc")).is_some_and(|d| d.contains("rxe"));
+        let rxe = name.starts_with("rxe")
+            || read_trim(dev.path().join("node_desc")).is_some_and(|d| d.contains("rxe"));
         devices.push(RdmaDevice { name, rxe, ports });
     }
     devices.sort_by(|a, b| a.name.cmp(&b.name));
-    let absent = devices.is_empty().then(|| "/sys/class/infiniband has no devices".to_string());
+    let absent = devices
+        .is_empty()
+        .then(|| "/sys/class/infiniband has no devices".to_string());
     (devices, absent)
 }
 
@@ -161,7 +193,11 @@ fn nvidia_gpus() -> Vec<String> {
         .flatten()
         .map(|g| {
             read_trim(g.path().join("information"))
-                .and_then(|i| i.lines().find(|l| l.starts_with("Model:")).map(|l| l[6..].trim().to_string()))
+                .and_then(|i| {
+                    i.lines()
+                        .find(|l| l.starts_with("Model:"))
+                        .map(|l| l[6..].trim().to_string())
+                })
                 .unwrap_or_else(|| g.file_name().to_string_lossy().into_owned())
         })
         .collect()

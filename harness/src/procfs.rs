@@ -6,11 +6,15 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 pub fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// True when thread `tid` of this process sleeps inside recvfrom/read.
@@ -21,9 +25,16 @@ pub fn blocked_in_recv(tid: i32) -> bool {
     let Ok(syscall) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
         return false;
     };
-    let nr: i64 = syscall.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(-1);
+    let nr: i64 = syscall
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(-1);
     let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).unwrap_or("");
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or("");
     state == "S" && (nr == libc::SYS_recvfrom || nr == libc::SYS_read)
 }
 
@@ -55,14 +66,18 @@ pub fn capture_stacks(pid: u32, gdb_limit: Duration) -> String {
     let mut out = String::new();
     let task_dir = format!("/proc/{pid}/task");
     if let Ok(tasks) = std::fs::read_dir(&task_dir) {
-        let mut tids: Vec<String> = tasks.flatten().map(|t| t.file_name().to_string_lossy().into_owned()).collect();
+        let mut tids: Vec<String> = tasks
+            .flatten()
+            .map(|t| t.file_name().to_string_lossy().into_owned())
+            .collect();
         tids.sort();
         for tid in tids {
             let base = Path::new(&task_dir).join(&tid);
             let name = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
             let wchan = std::fs::read_to_string(base.join("wchan")).unwrap_or_default();
             let syscall = std::fs::read_to_string(base.join("syscall")).unwrap_or_default();
-            let stack = std::fs::read_to_string(base.join("stack")).unwrap_or_else(|e| format!("(unreadable: {e})\n"));
+            let stack = std::fs::read_to_string(base.join("stack"))
+                .unwrap_or_else(|e| format!("(unreadable: {e})\n"));
             out.push_str(&format!(
                 "--- thread {tid} ({}) wchan={} syscall={}\n{stack}",
                 name.trim(),
@@ -81,7 +96,14 @@ pub fn capture_stacks(pid: u32, gdb_limit: Duration) -> String {
 
 fn gdb_backtrace(pid: u32, limit: Duration) -> String {
     let child = Command::new("gdb")
-        .args(["-batch", "-nx", "-p", &pid.to_string(), "-ex", "thread apply all bt"])
+        .args([
+            "-batch",
+            "-nx",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "thread apply all bt",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

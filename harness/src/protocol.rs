@@ -25,17 +25,37 @@ pub struct PeerAddrs {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum RankMsg {
-    Hello { rank: u32, token: String, pid: u32 },
-    Ready { addrs: PeerAddrs },
-    StepStart { step: usize },
+    Hello {
+        rank: u32,
+        token: String,
+        pid: u32,
+    },
+    Ready {
+        addrs: PeerAddrs,
+    },
+    StepStart {
+        step: usize,
+    },
     /// The rank reached a named point; faults strike here.
-    Point { step: usize, name: String },
+    Point {
+        step: usize,
+        name: String,
+    },
     /// Wait until `parties` ranks have reached `name`.
-    Barrier { name: String, parties: u32 },
+    Barrier {
+        name: String,
+        parties: u32,
+    },
     StepResult(StepReport),
-    StepError { step: usize, error: String },
+    StepError {
+        step: usize,
+        error: String,
+    },
     /// The rank is about to exit on purpose (part of the scenario).
-    ExitingByDesign { step: usize, reason: String },
+    ExitingByDesign {
+        step: usize,
+        reason: String,
+    },
     Done,
 }
 
@@ -54,8 +74,15 @@ pub struct StepReport {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum CoordMsg {
-    Start { steps: Vec<Step>, peers: Vec<PeerAddrs>, seed: u64, token: String },
-    Release { name: String },
+    Start {
+        steps: Vec<Step>,
+        peers: Vec<PeerAddrs>,
+        seed: u64,
+        token: String,
+    },
+    Release {
+        name: String,
+    },
 }
 
 pub fn write_line<W: Write, T: Serialize>(w: &mut W, msg: &T) -> std::io::Result<()> {
@@ -66,12 +93,16 @@ pub fn write_line<W: Write, T: Serialize>(w: &mut W, msg: &T) -> std::io::Result
 }
 
 /// Read one message; `Ok(None)` at EOF.
-pub fn read_line<R: BufRead, T: for<'de> Deserialize<'de>>(r: &mut R) -> std::io::Result<Option<T>> {
+pub fn read_line<R: BufRead, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+) -> std::io::Result<Option<T>> {
     let mut line = String::new();
     // Lines are small; cap them so a confused peer cannot grow this without bound.
     let n = std::io::Read::take(&mut *r, 16 << 20).read_line(&mut line)?;
     if n == 0 {
         return Ok(None);
     }
-    serde_json::from_str(&line).map(Some).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    serde_json::from_str(&line)
+        .map(Some)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }

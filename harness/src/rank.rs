@@ -32,25 +32,43 @@ impl Control {
 
     /// Tell the coordinator we reached `name` (a fault may strike here).
     pub fn point(&self, step: usize, name: &str) -> Result<()> {
-        self.send(&RankMsg::Point { step, name: name.into() })
+        self.send(&RankMsg::Point {
+            step,
+            name: name.into(),
+        })
     }
 
     /// Wait until `parties` ranks have reached the barrier `name`.
     pub fn barrier(&self, name: &str, parties: u32, timeout: Duration) -> Result<()> {
-        self.send(&RankMsg::Barrier { name: name.into(), parties })?;
+        self.send(&RankMsg::Barrier {
+            name: name.into(),
+            parties,
+        })?;
         let deadline = Instant::now() + timeout;
         loop {
-            if self.released.lock().unwrap_or_else(|p| p.into_inner()).remove(name) {
+            if self
+                .released
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name)
+            {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.releases.recv_timeout(left) {
                 Ok(n) if n == name => return Ok(()),
                 Ok(other) => {
-                    self.released.lock().unwrap_or_else(|p| p.into_inner()).insert(other);
+                    self.released
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(other);
                 }
-                Err(RecvTimeoutError::Timeout) => bail!("barrier `{name}` not released within {timeout:?}"),
-                Err(RecvTimeoutError::Disconnected) => bail!("coordinator went away during barrier `{name}`"),
+                Err(RecvTimeoutError::Timeout) => {
+                    bail!("barrier `{name}` not released within {timeout:?}")
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    bail!("coordinator went away during barrier `{name}`")
+                }
             }
         }
     }
@@ -69,39 +87,62 @@ pub struct Ctx {
 }
 
 pub fn run(rendezvous: SocketAddr, rank: u32) -> Result<()> {
-    let token_hex = std::env::var(TOKEN_ENV).map_err(|_| anyhow!("{TOKEN_ENV} is not set; ranks are started by `wringer run`"))?;
+    let token_hex = std::env::var(TOKEN_ENV)
+        .map_err(|_| anyhow!("{TOKEN_ENV} is not set; ranks are started by `wringer run`"))?;
     let token = u128::from_str_radix(&token_hex, 16).context("malformed run token")?;
-    let stream = TcpStream::connect_timeout(&rendezvous, Duration::from_secs(10)).context("connecting to the coordinator")?;
+    let stream = TcpStream::connect_timeout(&rendezvous, Duration::from_secs(10))
+        .context("connecting to the coordinator")?;
     stream.set_nodelay(true)?;
     let mut writer = stream.try_clone()?;
-    write_line(&mut writer, &RankMsg::Hello { rank, token: token_hex, pid: std::process::id() })?;
+    write_line(
+        &mut writer,
+        &RankMsg::Hello {
+            rank,
+            token: token_hex,
+            pid: std::process::id(),
+        },
+    )?;
 
-    let listener = Listener::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ListenerOptions::new(token))?;
+    let listener = Listener::bind(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        ListenerOptions::new(token),
+    )?;
     let raw = TcpListener::bind("127.0.0.1:0")?;
-    let addrs = PeerAddrs { transport: listener.local_addr(), raw: raw.local_addr()? };
+    let addrs = PeerAddrs {
+        transport: listener.local_addr(),
+        raw: raw.local_addr()?,
+    };
     write_line(&mut writer, &RankMsg::Ready { addrs })?;
 
     stream.set_read_timeout(Some(START_TIMEOUT))?;
     let mut reader = BufReader::new(stream);
-    let (steps, peers, seed) = match read_line::<_, CoordMsg>(&mut reader).context("waiting for the start message")? {
-        Some(CoordMsg::Start { steps, peers, seed, token: t }) if t == format!("{token:032x}") => (steps, peers, seed),
-        Some(other) => bail!("unexpected first message from the coordinator: {other:?}"),
-        None => bail!("the coordinator closed the rendezvous before starting"),
-    };
+    let (steps, peers, seed) =
+        match read_line::<_, CoordMsg>(&mut reader).context("waiting for the start message")? {
+            Some(CoordMsg::Start {
+                steps,
+                peers,
+                seed,
+                token: t,
+            }) if t == format!("{token:032x}") => (steps, peers, seed),
+            Some(other) => bail!("unexpected first message from the coordinator: {other:?}"),
+            None => bail!("the coordinator closed the rendezvous before starting"),
+        };
     reader.get_ref().set_read_timeout(None)?;
 
     // The coordinator's releases arrive on their own thread. If the coordinator goes away, this
     // rank must not outlive it: exit at once.
     let (tx, releases) = crossbeam_channel::unbounded();
-    std::thread::Builder::new().name("wringer-control".into()).spawn(move || loop {
-        match read_line::<_, CoordMsg>(&mut reader) {
-            Ok(Some(CoordMsg::Release { name })) => {
-                let _ = tx.send(name);
+    std::thread::Builder::new()
+        .name("wringer-control".into())
+        .spawn(move || loop {
+            match read_line::<_, CoordMsg>(&mut reader) {
+                Ok(Some(CoordMsg::Release { name })) => {
+                    let _ = tx.send(name);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => std::process::exit(3),
             }
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => std::process::exit(3),
-        }
-    })?;
+        })?;
     let ctx = Ctx {
         rank,
         ranks: peers.len() as u32,
@@ -110,14 +151,21 @@ pub fn run(rendezvous: SocketAddr, rank: u32) -> Result<()> {
         seed,
         listener,
         raw,
-        control: Control { writer: Mutex::new(writer), releases, released: Mutex::new(HashSet::new()) },
+        control: Control {
+            writer: Mutex::new(writer),
+            releases,
+            released: Mutex::new(HashSet::new()),
+        },
     };
     let ctx = Arc::new(ctx);
     for (i, step) in steps.iter().enumerate() {
         ctx.control.send(&RankMsg::StepStart { step: i })?;
         match steps::run(step, &ctx, i) {
             Ok(report) => ctx.control.send(&RankMsg::StepResult(report))?,
-            Err(e) => ctx.control.send(&RankMsg::StepError { step: i, error: format!("{e:#}") })?,
+            Err(e) => ctx.control.send(&RankMsg::StepError {
+                step: i,
+                error: format!("{e:#}"),
+            })?,
         }
     }
     ctx.control.send(&RankMsg::Done)?;

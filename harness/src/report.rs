@@ -99,9 +99,18 @@ pub struct Reporter {
 
 impl Reporter {
     pub fn create(dir: &Path, meta: RunMeta) -> Result<Reporter> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating the report folder {}", dir.display()))?;
-        let jsonl = OpenOptions::new().create(true).append(true).open(dir.join("results.jsonl"))?;
-        let r = Reporter { dir: dir.to_owned(), meta, results: vec![], jsonl };
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the report folder {}", dir.display()))?;
+        let jsonl = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("results.jsonl"))?;
+        let r = Reporter {
+            dir: dir.to_owned(),
+            meta,
+            results: vec![],
+            jsonl,
+        };
         r.write_all(false, false, Duration::ZERO)?;
         Ok(r)
     }
@@ -146,9 +155,15 @@ impl Reporter {
             counts,
             scenarios: &self.results,
         };
-        write_atomically(&self.dir.join("results.json"), &serde_json::to_vec_pretty(&doc)?)?;
+        write_atomically(
+            &self.dir.join("results.json"),
+            &serde_json::to_vec_pretty(&doc)?,
+        )?;
         write_atomically(&self.dir.join("junit.xml"), self.junit()?.as_bytes())?;
-        write_atomically(&self.dir.join("summary.md"), self.summary(complete, interrupted).as_bytes())?;
+        write_atomically(
+            &self.dir.join("summary.md"),
+            self.summary(complete, interrupted).as_bytes(),
+        )?;
         Ok(())
     }
 
@@ -180,7 +195,10 @@ impl Reporter {
     }
 
     fn summary(&self, complete: bool, interrupted: bool) -> String {
-        let mut s = format!("## wringer run `{}` ({})\n\n", self.meta.run_id, self.meta.host_profile);
+        let mut s = format!(
+            "## wringer run `{}` ({})\n\n",
+            self.meta.run_id, self.meta.host_profile
+        );
         if interrupted {
             s.push_str("**Interrupted**: this report is partial.\n\n");
         } else if !complete {
@@ -197,7 +215,12 @@ impl Reporter {
             if details.is_empty() {
                 details = headline_metrics(r);
             }
-            s.push_str(&format!("| {} | {verdict} | {:.1} s | {} |\n", r.name, r.duration_s, details.replace('|', "\\|").replace('\n', " ")));
+            s.push_str(&format!(
+                "| {} | {verdict} | {:.1} s | {} |\n",
+                r.name,
+                r.duration_s,
+                details.replace('|', "\\|").replace('\n', " ")
+            ));
         }
         let (p, f, k) = count(&self.results);
         s.push_str(&format!("\n{p} passed, {f} failed, {k} skipped.\n"));
@@ -218,9 +241,22 @@ fn headline_metrics(r: &ScenarioResult) -> String {
         .filter(|(size, _)| matches!(size.as_str(), "8" | "4096" | "1048576"))
         .map(|(size, l)| format!("{size} B p50/p99 {:.0}/{:.0} µs", l.p50_us, l.p99_us))
         .collect();
-    for key in ["cycles", "shutdown_p99_ms", "detect_ms", "frames_intact", "eof_cases"] {
+    for key in [
+        "cycles",
+        "shutdown_p99_ms",
+        "detect_ms",
+        "frames_intact",
+        "eof_cases",
+    ] {
         if let Some(m) = r.metrics.get(key) {
-            parts.push(format!("{key} {}", if m.max >= 100.0 { format!("{:.0}", m.max) } else { format!("{:.2}", m.max) }));
+            parts.push(format!(
+                "{key} {}",
+                if m.max >= 100.0 {
+                    format!("{:.0}", m.max)
+                } else {
+                    format!("{:.2}", m.max)
+                }
+            ));
         }
     }
     if r.repeats > 1 {
@@ -232,7 +268,10 @@ fn headline_metrics(r: &ScenarioResult) -> String {
 fn evidence_summary(r: &ScenarioResult) -> String {
     let mut s = r.evidence.failures.join("\n");
     for st in &r.evidence.stacks {
-        s.push_str(&format!("\n--- stacks of rank {} (pid {}), repeat {}\n{}", st.rank, st.pid, st.repeat, st.text));
+        s.push_str(&format!(
+            "\n--- stacks of rank {} (pid {}), repeat {}\n{}",
+            st.rank, st.pid, st.repeat, st.text
+        ));
     }
     for log in &r.evidence.rank_logs {
         s.push_str(&format!("\nrank log: {}", log.display()));

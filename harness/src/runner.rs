@@ -13,7 +13,9 @@ use hdrhistogram::Histogram;
 use crate::coordinator::{self, Plan};
 use crate::hosts::HostProfile;
 use crate::probe::HostFacts;
-use crate::report::{Evidence, Latency, MetricSummary, Reporter, RunMeta, ScenarioResult, Stacks, Verdict};
+use crate::report::{
+    Evidence, Latency, MetricSummary, Reporter, RunMeta, ScenarioResult, Stacks, Verdict,
+};
 use crate::scenario::Loaded;
 
 pub struct RunOptions {
@@ -25,12 +27,22 @@ pub struct RunOptions {
 }
 
 /// Run the scenarios; returns the process exit code (0 pass/skip, 1 any failure).
-pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, facts: HostFacts, opts: &RunOptions) -> Result<i32> {
+pub fn run(
+    scenarios: Vec<Loaded>,
+    profile: &HostProfile,
+    facts: HostFacts,
+    opts: &RunOptions,
+) -> Result<i32> {
     let started = Instant::now();
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let run_id = format!("{}-{}", now.as_secs(), &coordinator::random_token()?[..6]);
     let seed = opts.seed.unwrap_or(now.as_nanos() as u64);
-    let dir = opts.report_dir.clone().unwrap_or_else(|| Path::new("reports").join(&run_id));
+    let dir = opts
+        .report_dir
+        .clone()
+        .unwrap_or_else(|| Path::new("reports").join(&run_id));
     let meta = RunMeta {
         run_id: run_id.clone(),
         wringer_version: env!("CARGO_PKG_VERSION"),
@@ -46,10 +58,19 @@ pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, facts: HostFacts, opts
 
     let selected: Vec<&Loaded> = scenarios
         .iter()
-        .filter(|s| opts.filter.as_deref().is_none_or(|f| s.scenario.name.contains(f)))
+        .filter(|s| {
+            opts.filter
+                .as_deref()
+                .is_none_or(|f| s.scenario.name.contains(f))
+        })
         .collect();
     let progress = Progress::new(selected.len());
-    println!("wringer run {run_id}: {} scenarios on `{}`, report in {}", selected.len(), profile.name, dir.display());
+    println!(
+        "wringer run {run_id}: {} scenarios on `{}`, report in {}",
+        selected.len(),
+        profile.name,
+        dir.display()
+    );
     for (i, loaded) in selected.iter().enumerate() {
         if interrupted.load(Ordering::Relaxed) {
             break;
@@ -62,13 +83,29 @@ pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, facts: HostFacts, opts
     let was_interrupted = interrupted.load(Ordering::Relaxed);
     reporter.finish(was_interrupted, started.elapsed())?;
     progress.clear();
-    let failed = reporter.results().iter().filter(|r| r.verdict == Verdict::Fail).count();
-    let passed = reporter.results().iter().filter(|r| r.verdict == Verdict::Pass).count();
-    let skipped = reporter.results().iter().filter(|r| r.verdict == Verdict::Skip).count();
+    let failed = reporter
+        .results()
+        .iter()
+        .filter(|r| r.verdict == Verdict::Fail)
+        .count();
+    let passed = reporter
+        .results()
+        .iter()
+        .filter(|r| r.verdict == Verdict::Pass)
+        .count();
+    let skipped = reporter
+        .results()
+        .iter()
+        .filter(|r| r.verdict == Verdict::Skip)
+        .count();
     println!(
         "{passed} passed, {failed} failed, {skipped} skipped in {:.1} s{}; report: {}",
         started.elapsed().as_secs_f64(),
-        if was_interrupted { " (interrupted)" } else { "" },
+        if was_interrupted {
+            " (interrupted)"
+        } else {
+            ""
+        },
         reporter.dir().display()
     );
     Ok(if failed > 0 || was_interrupted { 1 } else { 0 })
@@ -100,9 +137,17 @@ fn run_scenario(
     for req in &s.requires {
         if let Err(reason) = facts.check(*req, profile) {
             let required = opts.strict || profile.must_have.contains(req);
-            result.verdict = if required { Verdict::Fail } else { Verdict::Skip };
+            result.verdict = if required {
+                Verdict::Fail
+            } else {
+                Verdict::Skip
+            };
             result.reason = Some(if required {
-                let why = if opts.strict { "--strict" } else { "the host profile's must_have" };
+                let why = if opts.strict {
+                    "--strict"
+                } else {
+                    "the host profile's must_have"
+                };
                 format!("{reason} (a skip turned into a failure by {why})")
             } else {
                 reason.to_string()
@@ -117,11 +162,17 @@ fn run_scenario(
     let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for repeat in 0..repeats {
         if interrupted.load(Ordering::Relaxed) {
-            result.evidence.failures.push("interrupted before every repeat ran".into());
+            result
+                .evidence
+                .failures
+                .push("interrupted before every repeat ran".into());
             result.repeats_failed += 1;
             break;
         }
-        let log_dir = dir.join("logs").join(&s.name).join(format!("repeat-{repeat}"));
+        let log_dir = dir
+            .join("logs")
+            .join(&s.name)
+            .join(format!("repeat-{repeat}"));
         let plan = Plan {
             ranks: loaded.ranks(),
             steps: &steps,
@@ -139,23 +190,48 @@ fn run_scenario(
                 observations.entry(k.clone()).or_default().push(*v);
             }
             if repeat == 0 || !failures.is_empty() {
-                result.evidence.notes.extend(r.notes.iter().map(|n| format!("repeat {repeat}: {n}")));
+                result
+                    .evidence
+                    .notes
+                    .extend(r.notes.iter().map(|n| format!("repeat {repeat}: {n}")));
             }
         }
         for (k, v) in coordinator::merged_samples(&attempt) {
             samples.entry(k).or_default().extend(v);
         }
-        result.evidence.faults.extend(attempt.faults_struck.iter().map(|f| format!("repeat {repeat}: {f}")));
+        result.evidence.faults.extend(
+            attempt
+                .faults_struck
+                .iter()
+                .map(|f| format!("repeat {repeat}: {f}")),
+        );
         result.evidence.rejected_rendezvous_connections += attempt.rejected_connections;
         if !failures.is_empty() {
             result.repeats_failed += 1;
-            result.evidence.failures.extend(failures.iter().map(|f| format!("repeat {repeat}: {f}")));
-            result.evidence.rank_logs.extend(attempt.logs.iter().cloned());
+            result
+                .evidence
+                .failures
+                .extend(failures.iter().map(|f| format!("repeat {repeat}: {f}")));
+            result
+                .evidence
+                .rank_logs
+                .extend(attempt.logs.iter().cloned());
             if let Some(h) = attempt.hang {
-                result.evidence.stacks.extend(h.stacks.into_iter().map(|(rank, pid, text)| Stacks { repeat, rank, pid, text }));
+                result
+                    .evidence
+                    .stacks
+                    .extend(h.stacks.into_iter().map(|(rank, pid, text)| Stacks {
+                        repeat,
+                        rank,
+                        pid,
+                        text,
+                    }));
             }
         } else if repeat == 0 {
-            result.evidence.rank_logs.extend(attempt.logs.iter().cloned());
+            result
+                .evidence
+                .rank_logs
+                .extend(attempt.logs.iter().cloned());
         }
         // A hang or interruption ends the scenario: further repeats would only repeat it.
         if !result.evidence.stacks.is_empty() || attempt.interrupted {
@@ -164,8 +240,20 @@ fn run_scenario(
     }
     for (k, v) in observations {
         let count = v.len();
-        let (min, max) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(*x), b.max(*x)));
-        result.metrics.insert(k, MetricSummary { min, max, mean: v.iter().sum::<f64>() / count as f64, count });
+        let (min, max) = v
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+                (a.min(*x), b.max(*x))
+            });
+        result.metrics.insert(
+            k,
+            MetricSummary {
+                min,
+                max,
+                mean: v.iter().sum::<f64>() / count as f64,
+                count,
+            },
+        );
     }
     for (k, v) in samples {
         let size = k.trim_start_matches("latency_us/").to_string();
@@ -175,14 +263,26 @@ fn run_scenario(
         }
         result.latency.insert(
             size,
-            Latency { p50_us: h.value_at_quantile(0.5) as f64 / 1e3, p99_us: h.value_at_quantile(0.99) as f64 / 1e3, count: h.len() },
+            Latency {
+                p50_us: h.value_at_quantile(0.5) as f64 / 1e3,
+                p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
+                count: h.len(),
+            },
         );
     }
     if result.repeats_failed > 0 {
         result.verdict = Verdict::Fail;
-        let first = result.evidence.failures.first().cloned().unwrap_or_default();
+        let first = result
+            .evidence
+            .failures
+            .first()
+            .cloned()
+            .unwrap_or_default();
         result.reason = Some(if result.repeats > 1 {
-            format!("{} of {} repeats failed; first: {first}", result.repeats_failed, result.repeats)
+            format!(
+                "{} of {} repeats failed; first: {first}",
+                result.repeats_failed, result.repeats
+            )
         } else {
             first
         });
@@ -202,7 +302,10 @@ impl Progress {
         let tty = std::io::stdout().is_terminal() && std::env::var_os("CI").is_none();
         let bar = tty.then(|| {
             let b = indicatif::ProgressBar::new(total as u64);
-            b.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}").expect("static template"));
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
+                    .expect("static template"),
+            );
             b.enable_steady_tick(Duration::from_millis(200));
             b
         });
@@ -228,7 +331,10 @@ impl Progress {
             self.total,
             r.name,
             r.duration_s,
-            r.reason.as_deref().map(|x| format!(": {x}")).unwrap_or_default()
+            r.reason
+                .as_deref()
+                .map(|x| format!(": {x}"))
+                .unwrap_or_default()
         );
         match &self.bar {
             Some(b) => {

@@ -56,20 +56,37 @@ pub enum Step {
     /// Rank 1 connects to rank 0, both receivers block, rank 0 tears down; `cycles` times.
     TeardownCycles { cycles: u32, deadline: Dur },
     /// Rank 1 (adversarial raw peer) dribbles frames byte by byte and splits one at every offset.
-    ExactReads { dribbled_frames: u32, split_payload_bytes: u32, deadline: Dur },
+    ExactReads {
+        dribbled_frames: u32,
+        split_payload_bytes: u32,
+        deadline: Dur,
+    },
     /// Rank 1 (adversarial raw peer) ends streams cleanly, inside a header, inside a payload,
     /// with garbage, or not at all (rank 0 shuts down locally).
     EofTruncation { deadline: Dur },
     /// Rank 1 sends garbage; rank 0's send and flush must report the receiver's failure.
     ReceiverError { deadline: Dur },
     /// Rank `victim` streams to rank 0 and reports the point `mid-stream` (where faults strike).
-    PeerDeath { victim: u32, frames_before_fault: u32, detect_timeout: Dur, deadline: Dur },
+    PeerDeath {
+        victim: u32,
+        frames_before_fault: u32,
+        detect_timeout: Dur,
+        deadline: Dur,
+    },
     /// Gloo's lazy-connect cases between rank 0 (listener) and rank 1 (initiator).
     LazyConnect { wait_timeout: Dur, deadline: Dur },
     /// Full-mesh lazy connect and a first exchange, with one rank exiting before it.
-    ExitBeforeFirstExchange { exiting_rank: u32, connect_timeout: Dur, deadline: Dur },
+    ExitBeforeFirstExchange {
+        exiting_rank: u32,
+        connect_timeout: Dur,
+        deadline: Dur,
+    },
     /// Full-mesh ping-pong with data verification at every size.
-    Pingpong { sizes: Vec<u32>, iterations: u32, deadline: Dur },
+    Pingpong {
+        sizes: Vec<u32>,
+        iterations: u32,
+        deadline: Dur,
+    },
     /// Do nothing for `duration`: a harness self-test for the watchdog.
     Stall { duration: Dur, deadline: Dur },
 }
@@ -116,11 +133,20 @@ impl Step {
     pub fn metrics(&self) -> &'static [Metric] {
         use Metric::*;
         match self {
-            Step::TeardownCycles { .. } => &[Cycles, ShutdownP50Ms, ShutdownP99Ms, Ebadf, FdDelta, ThreadDelta],
+            Step::TeardownCycles { .. } => &[
+                Cycles,
+                ShutdownP50Ms,
+                ShutdownP99Ms,
+                Ebadf,
+                FdDelta,
+                ThreadDelta,
+            ],
             Step::ExactReads { .. } => &[FramesIntact, FramesCorrupt, FramesMissing],
             Step::EofTruncation { .. } => &[EofCases, EofMisclassified],
             Step::ReceiverError { .. } => &[SendSawReceiverError, FlushSawReceiverError],
-            Step::PeerDeath { .. } | Step::ExitBeforeFirstExchange { .. } => &[SurvivorDetected, DetectMs],
+            Step::PeerDeath { .. } | Step::ExitBeforeFirstExchange { .. } => {
+                &[SurvivorDetected, DetectMs]
+            }
             Step::LazyConnect { .. } => &[
                 ListenerTimeoutFired,
                 ListenerTimeoutMs,
@@ -172,7 +198,10 @@ pub enum Metric {
 
 impl Metric {
     pub fn as_str(self) -> String {
-        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
     }
 }
 
@@ -237,11 +266,19 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn steps(&self) -> Vec<Step> {
-        self.scenario.steps.iter().map(|s| s.value.clone()).collect()
+        self.scenario
+            .steps
+            .iter()
+            .map(|s| s.value.clone())
+            .collect()
     }
 
     pub fn faults(&self) -> Vec<Fault> {
-        self.scenario.faults.iter().map(|f| f.value.clone()).collect()
+        self.scenario
+            .faults
+            .iter()
+            .map(|f| f.value.clone())
+            .collect()
     }
 
     pub fn ranks(&self) -> u32 {
@@ -254,50 +291,91 @@ pub fn load(path: &Path) -> Result<Loaded, InputError> {
     let text = std::fs::read_to_string(path).map_err(|e| InputError::io(path, e))?;
     let scenario: Scenario = crate::input::parse_yaml(path, &text)?;
     check(path, &scenario)?;
-    Ok(Loaded { path: path.to_owned(), scenario })
+    Ok(Loaded {
+        path: path.to_owned(),
+        scenario,
+    })
 }
 
 fn check(path: &Path, s: &Scenario) -> Result<(), InputError> {
     let ranks = s.ranks.value;
     if !(1..=256).contains(&ranks) {
-        return Err(located(path, &s.ranks.referenced, format!("ranks must be 1..=256, got {ranks}")));
+        return Err(located(
+            path,
+            &s.ranks.referenced,
+            format!("ranks must be 1..=256, got {ranks}"),
+        ));
     }
     if s.repeat == 0 {
         return Err(InputError::plain(path, "repeat must be at least 1"));
     }
     if s.steps.is_empty() {
-        return Err(InputError::plain(path, "a scenario needs at least one step"));
+        return Err(InputError::plain(
+            path,
+            "a scenario needs at least one step",
+        ));
     }
     for step in &s.steps {
         if ranks < step.value.min_ranks() {
             return Err(located(
                 path,
                 &step.referenced,
-                format!("step `{}` needs at least {} ranks, the scenario has {ranks}", step.value.name(), step.value.min_ranks()),
+                format!(
+                    "step `{}` needs at least {} ranks, the scenario has {ranks}",
+                    step.value.name(),
+                    step.value.min_ranks()
+                ),
             ));
         }
         if let Step::PeerDeath { victim, .. } = step.value {
             if victim == 0 || victim >= ranks {
-                return Err(located(path, &step.referenced, format!("victim must be a rank other than 0 (1..{ranks}), got {victim}")));
+                return Err(located(
+                    path,
+                    &step.referenced,
+                    format!("victim must be a rank other than 0 (1..{ranks}), got {victim}"),
+                ));
             }
         }
         if let Step::ExitBeforeFirstExchange { exiting_rank, .. } = step.value {
             if exiting_rank >= ranks {
-                return Err(located(path, &step.referenced, format!("exiting_rank {exiting_rank} is not a rank (0..{ranks})")));
+                return Err(located(
+                    path,
+                    &step.referenced,
+                    format!("exiting_rank {exiting_rank} is not a rank (0..{ranks})"),
+                ));
             }
         }
-        if let Step::Pingpong { sizes, iterations, .. } = &step.value {
-            if sizes.is_empty() || *iterations == 0 || sizes.iter().any(|&b| b == 0 || b > 16 << 20) {
-                return Err(located(path, &step.referenced, "pingpong needs sizes in 1..=16MiB and iterations >= 1".into()));
+        if let Step::Pingpong {
+            sizes, iterations, ..
+        } = &step.value
+        {
+            if sizes.is_empty() || *iterations == 0 || sizes.iter().any(|&b| b == 0 || b > 16 << 20)
+            {
+                return Err(located(
+                    path,
+                    &step.referenced,
+                    "pingpong needs sizes in 1..=16MiB and iterations >= 1".into(),
+                ));
             }
         }
     }
     for fault in &s.faults {
         if fault.value.rank >= ranks {
-            return Err(located(path, &fault.referenced, format!("fault names rank {}, the scenario has {ranks}", fault.value.rank)));
+            return Err(located(
+                path,
+                &fault.referenced,
+                format!(
+                    "fault names rank {}, the scenario has {ranks}",
+                    fault.value.rank
+                ),
+            ));
         }
     }
-    let produced: Vec<Metric> = s.steps.iter().flat_map(|st| st.value.metrics().iter().copied()).collect();
+    let produced: Vec<Metric> = s
+        .steps
+        .iter()
+        .flat_map(|st| st.value.metrics().iter().copied())
+        .collect();
     for (metric, bound) in &s.expect {
         if !produced.contains(metric) {
             return Err(located(
@@ -308,7 +386,11 @@ fn check(path: &Path, s: &Scenario) -> Result<(), InputError> {
         }
         let b = bound.value;
         if b.min.is_none() && b.max.is_none() && b.equals.is_none() {
-            return Err(located(path, &bound.referenced, "a bound needs min, max or equals".into()));
+            return Err(located(
+                path,
+                &bound.referenced,
+                "a bound needs min, max or equals".into(),
+            ));
         }
     }
     Ok(())

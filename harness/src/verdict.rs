@@ -33,14 +33,23 @@ pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Ve
     }
     for (metric, bound) in expect {
         let name = metric.as_str();
-        let seen: Vec<(u32, f64)> =
-            attempt.reports.iter().filter_map(|(rank, r)| r.metrics.get(&name).map(|v| (*rank, *v))).collect();
+        let seen: Vec<(u32, f64)> = attempt
+            .reports
+            .iter()
+            .filter_map(|(rank, r)| r.metrics.get(&name).map(|v| (*rank, *v)))
+            .collect();
         if seen.is_empty() {
-            failures.push(format!("no rank reported `{name}`: no evidence for `{name}` {}", bound.value));
+            failures.push(format!(
+                "no rank reported `{name}`: no evidence for `{name}` {}",
+                bound.value
+            ));
         }
         for (rank, value) in seen {
             if let Err(why) = bound.value.check(value) {
-                failures.push(format!("`{name}` on rank {rank}: {why} (expected {})", bound.value));
+                failures.push(format!(
+                    "`{name}` on rank {rank}: {why} (expected {})",
+                    bound.value
+                ));
             }
         }
     }

@@ -15,7 +15,9 @@ use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
 fn data(seed: u64, seq: u64, len: usize) -> Vec<u8> {
-    Frame::new(Kind::Data, seq, pattern(seed, seq, len)).expect("small frame").encode()
+    Frame::new(Kind::Data, seq, pattern(seed, seq, len))
+        .expect("small frame")
+        .encode()
 }
 
 fn accept_conn(ctx: &Ctx, timeout: Duration) -> Result<Connection> {
@@ -23,7 +25,13 @@ fn accept_conn(ctx: &Ctx, timeout: Duration) -> Result<Connection> {
     Ok(Connection::from_stream(s, ConnectionOptions::default())?)
 }
 
-pub fn exact_reads(ctx: &Ctx, dribbled: u32, split_len: u32, deadline: Duration, report: &mut StepReport) -> Result<()> {
+pub fn exact_reads(
+    ctx: &Ctx,
+    dribbled: u32,
+    split_len: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
     let split_len = split_len as usize;
     let splits = HEADER_LEN + split_len - 1;
     let expected = dribbled as usize + splits;
@@ -50,12 +58,23 @@ pub fn exact_reads(ctx: &Ctx, dribbled: u32, split_len: u32, deadline: Duration,
             let conn = accept_conn(ctx, deadline)?;
             let (mut intact, mut corrupt) = (0u32, 0u32);
             for seq in 0..expected as u64 {
-                let len = if seq < dribbled as u64 { 100 + seq as usize } else { split_len };
+                let len = if seq < dribbled as u64 {
+                    100 + seq as usize
+                } else {
+                    split_len
+                };
                 match conn.recv(deadline) {
-                    Ok(f) if f.payload == pattern(ctx.seed, seq, len) && f.header.sequence == seq => intact += 1,
+                    Ok(f)
+                        if f.payload == pattern(ctx.seed, seq, len) && f.header.sequence == seq =>
+                    {
+                        intact += 1
+                    }
                     Ok(f) => {
                         corrupt += 1;
-                        report.notes.push(format!("frame {seq}: {} bytes differ from the pattern", f.payload.len()));
+                        report.notes.push(format!(
+                            "frame {seq}: {} bytes differ from the pattern",
+                            f.payload.len()
+                        ));
                     }
                     Err(e) => {
                         report.notes.push(format!("after {intact} frames: {e}"));
@@ -66,7 +85,10 @@ pub fn exact_reads(ctx: &Ctx, dribbled: u32, split_len: u32, deadline: Duration,
             let m = &mut report.metrics;
             m.insert("frames_intact".into(), intact as f64);
             m.insert("frames_corrupt".into(), corrupt as f64);
-            m.insert("frames_missing".into(), (expected as u32 - intact - corrupt) as f64);
+            m.insert(
+                "frames_missing".into(),
+                (expected as u32 - intact - corrupt) as f64,
+            );
             report.notes.push(format!("{expected} frames expected: {dribbled} dribbled byte by byte, {splits} split at every offset"));
             ctx.control.barrier("exact-reads-checked", 2, deadline)?;
         }
@@ -76,9 +98,20 @@ pub fn exact_reads(ctx: &Ctx, dribbled: u32, split_len: u32, deadline: Duration,
 }
 
 /// The cases, in the order rank 1 plays them, each with the outcome rank 0 must observe.
-const CASES: [&str; 5] = ["clean-eof", "truncated-header", "truncated-payload", "garbage-header", "local-shutdown"];
+const CASES: [&str; 5] = [
+    "clean-eof",
+    "truncated-header",
+    "truncated-payload",
+    "garbage-header",
+    "local-shutdown",
+];
 
-pub fn eof_truncation(ctx: &Ctx, step: usize, deadline: Duration, report: &mut StepReport) -> Result<()> {
+pub fn eof_truncation(
+    ctx: &Ctx,
+    step: usize,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
     let barrier = format!("eof-{step}-local-shutdown-done");
     match ctx.rank {
         1 => {
@@ -109,19 +142,28 @@ pub fn eof_truncation(ctx: &Ctx, step: usize, deadline: Duration, report: &mut S
                     "clean-eof" => "frame, then clean EOF".to_string(),
                     "truncated-header" => truncated(Section::Header, HEADER_LEN, 7),
                     "truncated-payload" => truncated(Section::Payload, 100, 33),
-                    "garbage-header" => format!("{}", ReceiverError::Frame(FrameError::BadMagic { found: *b"GARB" })),
+                    "garbage-header" => format!(
+                        "{}",
+                        ReceiverError::Frame(FrameError::BadMagic { found: *b"GARB" })
+                    ),
                     _ => "local shutdown".to_string(),
                 };
                 if observed != expected {
                     misclassified += 1;
                 }
-                report.notes.push(format!("{case}: expected `{expected}`, observed `{observed}`"));
+                report.notes.push(format!(
+                    "{case}: expected `{expected}`, observed `{observed}`"
+                ));
                 if case == "local-shutdown" {
                     ctx.control.barrier(&barrier, 2, deadline)?;
                 }
             }
-            report.metrics.insert("eof_cases".into(), CASES.len() as f64);
-            report.metrics.insert("eof_misclassified".into(), misclassified as f64);
+            report
+                .metrics
+                .insert("eof_cases".into(), CASES.len() as f64);
+            report
+                .metrics
+                .insert("eof_misclassified".into(), misclassified as f64);
         }
         _ => {}
     }
@@ -129,7 +171,12 @@ pub fn eof_truncation(ctx: &Ctx, step: usize, deadline: Duration, report: &mut S
 }
 
 fn truncated(section: Section, expected: usize, got: usize) -> String {
-    ReceiverError::Truncated { section, expected, got }.to_string()
+    ReceiverError::Truncated {
+        section,
+        expected,
+        got,
+    }
+    .to_string()
 }
 
 /// What rank 0 sees on one adversarial connection, in words comparable to the expectation.
@@ -173,7 +220,12 @@ fn unread(fd: i32) -> i32 {
     }
 }
 
-pub fn receiver_error(ctx: &Ctx, step: usize, deadline: Duration, report: &mut StepReport) -> Result<()> {
+pub fn receiver_error(
+    ctx: &Ctx,
+    step: usize,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
     let barrier = format!("receiver-error-{step}-checked");
     match ctx.rank {
         1 => {
@@ -193,10 +245,18 @@ pub fn receiver_error(ctx: &Ctx, step: usize, deadline: Duration, report: &mut S
             let send = conn.send(b"after the failure", deadline);
             let flush = conn.flush(deadline);
             let saw = |r: &transport::Result<()>| matches!(r, Err(Error::Receiver(_))) as u8 as f64;
-            report.metrics.insert("send_saw_receiver_error".into(), saw(&send));
-            report.metrics.insert("flush_saw_receiver_error".into(), saw(&flush));
-            report.notes.push(format!("receiver ended: {:?}", conn.terminal()));
-            report.notes.push(format!("send: {send:?}; flush: {flush:?}"));
+            report
+                .metrics
+                .insert("send_saw_receiver_error".into(), saw(&send));
+            report
+                .metrics
+                .insert("flush_saw_receiver_error".into(), saw(&flush));
+            report
+                .notes
+                .push(format!("receiver ended: {:?}", conn.terminal()));
+            report
+                .notes
+                .push(format!("send: {send:?}; flush: {flush:?}"));
             ctx.control.barrier(&barrier, 2, deadline)?;
         }
         _ => {}

@@ -70,7 +70,10 @@ pub fn exit_before_first_exchange(
     report: &mut StepReport,
 ) -> Result<()> {
     if ctx.rank == exiting {
-        ctx.control.send(&RankMsg::ExitingByDesign { step, reason: "leaves before the first exchange".into() })?;
+        ctx.control.send(&RankMsg::ExitingByDesign {
+            step,
+            reason: "leaves before the first exchange".into(),
+        })?;
         std::process::exit(0);
     }
     let started = Instant::now();
@@ -78,12 +81,20 @@ pub fn exit_before_first_exchange(
     let ranks = ctx.ranks;
     let outcome: Result<Vec<Connection>, String> = std::thread::scope(|s| {
         let initiators: Vec<_> = (ctx.rank + 1..ranks)
-            .map(|peer| s.spawn(move || connect_to(ctx, peer, seq(step, ctx.rank as u64), connect_timeout).map_err(|e| format!("connect to rank {peer}: {e}"))))
+            .map(|peer| {
+                s.spawn(move || {
+                    connect_to(ctx, peer, seq(step, ctx.rank as u64), connect_timeout)
+                        .map_err(|e| format!("connect to rank {peer}: {e}"))
+                })
+            })
             .collect();
         let mut conns = vec![];
         let mut first_error = None;
         for peer in 0..ctx.rank {
-            match ctx.listener.wait_for(seq(step, peer as u64), connect_timeout) {
+            match ctx
+                .listener
+                .wait_for(seq(step, peer as u64), connect_timeout)
+            {
                 Ok(c) => conns.push(c),
                 Err(e) => {
                     first_error.get_or_insert(format!("wait for rank {peer}: {e}"));
@@ -91,7 +102,10 @@ pub fn exit_before_first_exchange(
             }
         }
         for h in initiators {
-            match h.join().unwrap_or_else(|_| Err("connect thread panicked".into())) {
+            match h
+                .join()
+                .unwrap_or_else(|_| Err("connect thread panicked".into()))
+            {
                 Ok(c) => conns.push(c),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -126,11 +140,16 @@ pub fn exit_before_first_exchange(
             let detect_ms = started.elapsed().as_secs_f64() * 1e3;
             report.metrics.insert("survivor_detected".into(), 1.0);
             report.metrics.insert("detect_ms".into(), detect_ms);
-            report.notes.push(format!("rank {}: {e} after {detect_ms:.0} ms", ctx.rank));
+            report
+                .notes
+                .push(format!("rank {}: {e} after {detect_ms:.0} ms", ctx.rank));
         }
         None => {
             report.metrics.insert("survivor_detected".into(), 0.0);
-            report.notes.push(format!("rank {}: the first exchange completed without rank {exiting}", ctx.rank));
+            report.notes.push(format!(
+                "rank {}: the first exchange completed without rank {exiting}",
+                ctx.rank
+            ));
         }
     }
     Ok(())

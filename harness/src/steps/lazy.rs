@@ -6,13 +6,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use transport::{connect, ConnectOptions, Connection, Error, Hello, Listener, ListenerOptions, RejectReason};
+use transport::{
+    connect, ConnectOptions, Connection, Error, Hello, Listener, ListenerOptions, RejectReason,
+};
 
 use super::seq;
 use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
-pub fn run(ctx: &Ctx, step: usize, wait: Duration, deadline: Duration, report: &mut StepReport) -> Result<()> {
+pub fn run(
+    ctx: &Ctx,
+    step: usize,
+    wait: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
     match ctx.rank {
         0 => listener_side(ctx, step, wait, deadline, report),
         1 => initiator_side(ctx, step, deadline, report),
@@ -20,13 +28,39 @@ pub fn run(ctx: &Ctx, step: usize, wait: Duration, deadline: Duration, report: &
     }
 }
 
-fn initiate(ctx: &Ctx, step: usize, n: u64, generation: u64, deadline: Duration) -> transport::Result<Connection> {
-    let hello = Hello { rank: ctx.rank, sequence: seq(step, n), generation, token: ctx.token };
-    connect(ctx.peers[0].transport, &hello, &ConnectOptions { deadline, ..ConnectOptions::default() })
+fn initiate(
+    ctx: &Ctx,
+    step: usize,
+    n: u64,
+    generation: u64,
+    deadline: Duration,
+) -> transport::Result<Connection> {
+    let hello = Hello {
+        rank: ctx.rank,
+        sequence: seq(step, n),
+        generation,
+        token: ctx.token,
+    };
+    connect(
+        ctx.peers[0].transport,
+        &hello,
+        &ConnectOptions {
+            deadline,
+            ..ConnectOptions::default()
+        },
+    )
 }
 
-fn initiator_side(ctx: &Ctx, step: usize, deadline: Duration, report: &mut StepReport) -> Result<()> {
-    let b = |name: &str| ctx.control.barrier(&format!("lazy-{step}-{name}"), 2, deadline);
+fn initiator_side(
+    ctx: &Ctx,
+    step: usize,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    let b = |name: &str| {
+        ctx.control
+            .barrier(&format!("lazy-{step}-{name}"), 2, deadline)
+    };
     // no spurious timeout: connect well within the listener's wait, answer its ping later.
     let conn = initiate(ctx, step, 2, 0, deadline)?;
     let ping = conn.recv(deadline)?;
@@ -35,8 +69,12 @@ fn initiator_side(ctx: &Ctx, step: usize, deadline: Duration, report: &mut StepR
     b("late-1")?;
     let late = initiate(ctx, step, 3, 0, deadline);
     let rejected = matches!(late, Err(Error::Rejected(RejectReason::StaleGeneration)));
-    report.metrics.insert("late_socket_rejected".into(), rejected as u8 as f64);
-    report.notes.push(format!("late socket for a timed-out generation: {late:?}"));
+    report
+        .metrics
+        .insert("late_socket_rejected".into(), rejected as u8 as f64);
+    report
+        .notes
+        .push(format!("late socket for a timed-out generation: {late:?}"));
     b("late-2")?;
     let next = initiate(ctx, step, 3, 1, deadline)?;
     next.send(b"next generation", deadline)?;
@@ -53,23 +91,45 @@ fn initiator_side(ctx: &Ctx, step: usize, deadline: Duration, report: &mut StepR
     Ok(())
 }
 
-fn listener_side(ctx: &Ctx, step: usize, wait: Duration, deadline: Duration, report: &mut StepReport) -> Result<()> {
-    let b = |name: &str| ctx.control.barrier(&format!("lazy-{step}-{name}"), 2, deadline);
+fn listener_side(
+    ctx: &Ctx,
+    step: usize,
+    wait: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    let b = |name: &str| {
+        ctx.control
+            .barrier(&format!("lazy-{step}-{name}"), 2, deadline)
+    };
     let l = &ctx.listener;
     let m = &mut report.metrics;
 
     // listener timeout: nobody connects.
     let started = Instant::now();
     let r = l.wait_for(seq(step, 1), wait);
-    m.insert("listener_timeout_fired".into(), matches!(r, Err(Error::Timeout { .. })) as u8 as f64);
-    m.insert("listener_timeout_ms".into(), started.elapsed().as_secs_f64() * 1e3);
-    report.notes.push(format!("wait with nobody connecting: {:?} after {:?}", r.as_ref().err(), started.elapsed()));
+    m.insert(
+        "listener_timeout_fired".into(),
+        matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
+    );
+    m.insert(
+        "listener_timeout_ms".into(),
+        started.elapsed().as_secs_f64() * 1e3,
+    );
+    report.notes.push(format!(
+        "wait with nobody connecting: {:?} after {:?}",
+        r.as_ref().err(),
+        started.elapsed()
+    ));
 
     // no spurious timeout after success, even once the wait's deadline has long passed.
     let timed_out_before = l.stats().timed_out;
     let conn = l.wait_for(seq(step, 2), wait * 4)?;
     std::thread::sleep(wait * 5);
-    m.insert("spurious_timeouts".into(), (l.stats().timed_out - timed_out_before) as f64);
+    m.insert(
+        "spurious_timeouts".into(),
+        (l.stats().timed_out - timed_out_before) as f64,
+    );
     conn.send(b"still here", deadline)?;
     if conn.recv(deadline)?.payload != b"still here" {
         bail!("the connection that survived its wait's deadline corrupted data");
@@ -82,15 +142,22 @@ fn listener_side(ctx: &Ctx, step: usize, wait: Duration, deadline: Duration, rep
     }
     b("late-1")?;
     b("late-2")?;
-    m.insert("stale_dropped".into(), (l.stats().stale_dropped - stale_before) as f64);
+    m.insert(
+        "stale_dropped".into(),
+        (l.stats().stale_dropped - stale_before) as f64,
+    );
     let next = l.wait_for(seq(step, 3), deadline)?;
     let first = next.recv(deadline)?;
-    report.notes.push(format!("next generation after the late socket: {:?}", String::from_utf8_lossy(&first.payload)));
+    report.notes.push(format!(
+        "next generation after the late socket: {:?}",
+        String::from_utf8_lossy(&first.payload)
+    ));
 
     // sequence reuse across two groups: each generation gets its own group's peer.
     let a = l.wait_for(seq(step, 4), deadline)?;
     let bconn = l.wait_for(seq(step, 4), deadline)?;
-    let ok = (a.recv(deadline)?.payload == b"A") as u8 + (bconn.recv(deadline)?.payload == b"B") as u8;
+    let ok =
+        (a.recv(deadline)?.payload == b"A") as u8 + (bconn.recv(deadline)?.payload == b"B") as u8;
     m.insert("reuse_connections_ok".into(), ok as f64);
 
     // duplicate pending wait: the second wait is refused, the first still completes.
@@ -106,7 +173,9 @@ fn listener_side(ctx: &Ctx, step: usize, wait: Duration, deadline: Duration, rep
         let second = l.wait_for(seq(step, 5), deadline);
         let refused = matches!(second, Err(Error::DuplicateWait { .. }));
         b("dup")?;
-        let conn = first.join().map_err(|_| anyhow::anyhow!("first waiter panicked"))??;
+        let conn = first
+            .join()
+            .map_err(|_| anyhow::anyhow!("first waiter panicked"))??;
         if conn.recv(deadline)?.payload != b"first waiter" {
             bail!("the first waiter got someone else's connection");
         }
@@ -115,7 +184,10 @@ fn listener_side(ctx: &Ctx, step: usize, wait: Duration, deadline: Duration, rep
     m.insert("duplicate_wait_rejected".into(), dup);
 
     // shutdown with pending waiters: every one fails with ListenerClosed, promptly.
-    let other = Arc::new(Listener::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ListenerOptions::new(ctx.token))?);
+    let other = Arc::new(Listener::bind(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        ListenerOptions::new(ctx.token),
+    )?);
     let waiters: Vec<_> = (0..3)
         .map(|n| {
             let other = Arc::clone(&other);
@@ -138,7 +210,10 @@ fn listener_side(ctx: &Ctx, step: usize, wait: Duration, deadline: Duration, rep
         }
     }
     m.insert("shutdown_waiters_failed".into(), failed as f64);
-    m.insert("shutdown_release_ms".into(), started.elapsed().as_secs_f64() * 1e3);
+    m.insert(
+        "shutdown_release_ms".into(),
+        started.elapsed().as_secs_f64() * 1e3,
+    );
     b("done")?;
     Ok(())
 }

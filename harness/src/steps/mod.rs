@@ -18,23 +18,59 @@ use crate::rank::Ctx;
 use crate::scenario::Step;
 
 pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
-    let mut report = StepReport { step: index, ..StepReport::default() };
+    let mut report = StepReport {
+        step: index,
+        ..StepReport::default()
+    };
     let deadline = step.deadline().0;
     match step {
-        Step::TeardownCycles { cycles, .. } => teardown::run(ctx, index, *cycles, deadline, &mut report)?,
-        Step::ExactReads { dribbled_frames, split_payload_bytes, .. } => {
-            adversary::exact_reads(ctx, *dribbled_frames, *split_payload_bytes, deadline, &mut report)?
+        Step::TeardownCycles { cycles, .. } => {
+            teardown::run(ctx, index, *cycles, deadline, &mut report)?
         }
+        Step::ExactReads {
+            dribbled_frames,
+            split_payload_bytes,
+            ..
+        } => adversary::exact_reads(
+            ctx,
+            *dribbled_frames,
+            *split_payload_bytes,
+            deadline,
+            &mut report,
+        )?,
         Step::EofTruncation { .. } => adversary::eof_truncation(ctx, index, deadline, &mut report)?,
         Step::ReceiverError { .. } => adversary::receiver_error(ctx, index, deadline, &mut report)?,
-        Step::PeerDeath { victim, frames_before_fault, detect_timeout, .. } => {
-            death::peer_death(ctx, index, *victim, *frames_before_fault, detect_timeout.0, deadline, &mut report)?
+        Step::PeerDeath {
+            victim,
+            frames_before_fault,
+            detect_timeout,
+            ..
+        } => death::peer_death(
+            ctx,
+            index,
+            *victim,
+            *frames_before_fault,
+            detect_timeout.0,
+            deadline,
+            &mut report,
+        )?,
+        Step::ExitBeforeFirstExchange {
+            exiting_rank,
+            connect_timeout,
+            ..
+        } => death::exit_before_first_exchange(
+            ctx,
+            index,
+            *exiting_rank,
+            connect_timeout.0,
+            &mut report,
+        )?,
+        Step::LazyConnect { wait_timeout, .. } => {
+            lazy::run(ctx, index, wait_timeout.0, deadline, &mut report)?
         }
-        Step::ExitBeforeFirstExchange { exiting_rank, connect_timeout, .. } => {
-            death::exit_before_first_exchange(ctx, index, *exiting_rank, connect_timeout.0, &mut report)?
-        }
-        Step::LazyConnect { wait_timeout, .. } => lazy::run(ctx, index, wait_timeout.0, deadline, &mut report)?,
-        Step::Pingpong { sizes, iterations, .. } => pingpong::run(ctx, index, sizes, *iterations, deadline, &mut report)?,
+        Step::Pingpong {
+            sizes, iterations, ..
+        } => pingpong::run(ctx, index, sizes, *iterations, deadline, &mut report)?,
         Step::Stall { duration, .. } => std::thread::sleep(duration.0),
     }
     Ok(report)
@@ -59,8 +95,16 @@ pub fn pattern(seed: u64, tag: u64, len: usize) -> Vec<u8> {
 }
 
 pub fn connect_to(ctx: &Ctx, peer: u32, sequence: u64, deadline: Duration) -> Result<Connection> {
-    let hello = Hello { rank: ctx.rank, sequence, generation: 0, token: ctx.token };
-    let opts = ConnectOptions { deadline, ..ConnectOptions::default() };
+    let hello = Hello {
+        rank: ctx.rank,
+        sequence,
+        generation: 0,
+        token: ctx.token,
+    };
+    let opts = ConnectOptions {
+        deadline,
+        ..ConnectOptions::default()
+    };
     Ok(connect(ctx.peers[peer as usize].transport, &hello, &opts)?)
 }
 
@@ -85,7 +129,11 @@ pub fn accept_within(listener: &TcpListener, timeout: Duration) -> Result<TcpStr
                 if left.is_zero() {
                     bail!("no peer connected within {timeout:?}");
                 }
-                let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                let mut pfd = libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
                 // SAFETY: one valid pollfd for the duration of the call; the listener keeps
                 // the fd open.
                 unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };

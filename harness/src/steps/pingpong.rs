@@ -10,7 +10,14 @@ use super::{connect_to, pattern, seq};
 use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
-pub fn run(ctx: &Ctx, step: usize, sizes: &[u32], iterations: u32, deadline: Duration, report: &mut StepReport) -> Result<()> {
+pub fn run(
+    ctx: &Ctx,
+    step: usize,
+    sizes: &[u32],
+    iterations: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
     let conns = mesh(ctx, step, deadline)?;
     let mut samples: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     let (mut pairs_verified, mut mismatches) = (0u32, 0u32);
@@ -21,13 +28,19 @@ pub fn run(ctx: &Ctx, step: usize, sizes: &[u32], iterations: u32, deadline: Dur
         let mut pair_mismatches = 0;
         for &size in sizes {
             for it in 0..iterations {
-                let tag = (ctx.rank.min(partner) as u64) << 48 | (partner.max(ctx.rank) as u64) << 32 | (size as u64) << 8 | it as u64;
+                let tag = (ctx.rank.min(partner) as u64) << 48
+                    | (partner.max(ctx.rank) as u64) << 32
+                    | (size as u64) << 8
+                    | it as u64;
                 let expected = pattern(ctx.seed, tag, size as usize);
                 if pinger {
                     let started = Instant::now();
                     conn.send(&expected, deadline)?;
                     let back = conn.recv(deadline)?;
-                    samples.entry(size).or_default().push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                    samples
+                        .entry(size)
+                        .or_default()
+                        .push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
                     pair_mismatches += (back.payload != expected) as u32;
                 } else {
                     let got = conn.recv(deadline)?;
@@ -44,8 +57,12 @@ pub fn run(ctx: &Ctx, step: usize, sizes: &[u32], iterations: u32, deadline: Dur
     for c in conns.values() {
         c.close()?;
     }
-    report.metrics.insert("pairs_verified".into(), pairs_verified as f64);
-    report.metrics.insert("data_mismatches".into(), mismatches as f64);
+    report
+        .metrics
+        .insert("pairs_verified".into(), pairs_verified as f64);
+    report
+        .metrics
+        .insert("data_mismatches".into(), mismatches as f64);
     for (size, v) in samples {
         report.samples.insert(format!("latency_us/{size}"), v);
     }
@@ -56,14 +73,25 @@ pub fn run(ctx: &Ctx, step: usize, sizes: &[u32], iterations: u32, deadline: Dur
 fn mesh(ctx: &Ctx, step: usize, deadline: Duration) -> Result<BTreeMap<u32, Connection>> {
     std::thread::scope(|s| {
         let initiators: Vec<_> = (ctx.rank + 1..ctx.ranks)
-            .map(|peer| (peer, s.spawn(move || connect_to(ctx, peer, seq(step, ctx.rank as u64), deadline))))
+            .map(|peer| {
+                (
+                    peer,
+                    s.spawn(move || connect_to(ctx, peer, seq(step, ctx.rank as u64), deadline)),
+                )
+            })
             .collect();
         let mut conns = BTreeMap::new();
         for peer in 0..ctx.rank {
-            conns.insert(peer, ctx.listener.wait_for(seq(step, peer as u64), deadline)?);
+            conns.insert(
+                peer,
+                ctx.listener.wait_for(seq(step, peer as u64), deadline)?,
+            );
         }
         for (peer, h) in initiators {
-            conns.insert(peer, h.join().map_err(|_| anyhow!("connect thread panicked"))??);
+            conns.insert(
+                peer,
+                h.join().map_err(|_| anyhow!("connect thread panicked"))??,
+            );
         }
         Ok(conns)
     })
@@ -99,7 +127,11 @@ mod tests {
                 let mut met: Vec<u32> = table[r as usize].iter().flatten().copied().collect();
                 for (round, p) in table[r as usize].iter().enumerate() {
                     if let Some(p) = p {
-                        assert_eq!(table[*p as usize][round], Some(r), "ranks={ranks} round={round}");
+                        assert_eq!(
+                            table[*p as usize][round],
+                            Some(r),
+                            "ranks={ranks} round={round}"
+                        );
                     }
                 }
                 met.sort();

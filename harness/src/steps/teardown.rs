@@ -10,7 +10,13 @@ use crate::procfs::{blocked_in_recv, open_fds, threads, wait_until};
 use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
-pub fn run(ctx: &Ctx, step: usize, cycles: u32, deadline: Duration, report: &mut StepReport) -> Result<()> {
+pub fn run(
+    ctx: &Ctx,
+    step: usize,
+    cycles: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
     if ctx.rank > 1 {
         return Ok(());
     }
@@ -30,7 +36,8 @@ pub fn run(ctx: &Ctx, step: usize, cycles: u32, deadline: Duration, report: &mut
             connect_to(ctx, 0, seq(step, i as u64), left)?
         };
         // Rank 1's receiver may already have seen rank 0's close instead of blocking.
-        let settled = || (ctx.rank == 1 && conn.terminal().is_some()) || blocked_in_recv(conn.receiver_tid());
+        let settled =
+            || (ctx.rank == 1 && conn.terminal().is_some()) || blocked_in_recv(conn.receiver_tid());
         if !wait_until(settled, left) {
             bail!("cycle {i}: the receiver never blocked in recv");
         }
@@ -46,7 +53,10 @@ pub fn run(ctx: &Ctx, step: usize, cycles: u32, deadline: Duration, report: &mut
         conn.close()?;
         shutdown_ms.push(started.elapsed().as_secs_f64() * 1e3);
         if !fd_is_closed(conn.raw_fd()) {
-            bail!("cycle {i}: descriptor {} is still open after teardown", conn.raw_fd());
+            bail!(
+                "cycle {i}: descriptor {} is still open after teardown",
+                conn.raw_fd()
+            );
         }
         match conn.terminal() {
             Some(Terminal::Failed(e)) if e.is_ebadf() => ebadf += 1,

@@ -1,0 +1,299 @@
+//! The `wringer` binary end to end: verdicts, exit codes, the watchdog, SIGINT, the rendezvous
+//! token, and that no rank process outlives a run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const WRINGER: &str = env!("CARGO_BIN_EXE_wringer");
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// A unique marker in the environment: ranks inherit it, so we can find every process a run
+/// started, and prove none is left.
+fn marker() -> String {
+    format!(
+        "wringer-test-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    )
+}
+
+fn wringer(marker: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(WRINGER);
+    c.args(args)
+        .current_dir(workspace())
+        .env("WRINGER_TEST_MARKER", marker)
+        .env("CI", "true");
+    c
+}
+
+fn run_to_end(mut cmd: Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("wringer runs")
+}
+
+fn processes_with(marker: &str) -> Vec<u32> {
+    let needle = format!("WRINGER_TEST_MARKER={marker}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn results(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("results.json")).expect("results.json")).unwrap()
+}
+
+fn report_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wringer-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn passing_scenario_exits_zero_with_all_reports() {
+    let dir = report_dir("pass");
+    let m = marker();
+    let out = run_to_end(wringer(
+        &m,
+        &[
+            "run",
+            "scenarios/tcp-exact-reads.yaml",
+            "--report-dir",
+            dir.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let r = results(&dir);
+    assert_eq!(r["complete"], true);
+    assert_eq!(r["scenarios"][0]["verdict"], "pass");
+    assert_eq!(r["scenarios"][0]["metrics"]["frames_corrupt"]["max"], 0.0);
+    for f in ["results.jsonl", "junit.xml", "summary.md"] {
+        assert!(dir.join(f).exists(), "{f} missing");
+    }
+    let junit = std::fs::read_to_string(dir.join("junit.xml")).unwrap();
+    assert!(junit.contains("tcp-exact-reads") && !junit.contains("<failure"));
+    assert!(processes_with(&m).is_empty());
+}
+
+#[test]
+fn unmet_expectation_is_a_failure_with_exit_one() {
+    let dir = report_dir("impossible");
+    let out = run_to_end(wringer(
+        &marker(),
+        &[
+            "run",
+            fixture("impossible.yaml").to_str().unwrap(),
+            "--report-dir",
+            dir.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    let r = results(&dir);
+    assert_eq!(r["scenarios"][0]["verdict"], "fail");
+    let reason = r["scenarios"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("frames_intact") && reason.contains("999"),
+        "{reason}"
+    );
+    let junit = std::fs::read_to_string(dir.join("junit.xml")).unwrap();
+    assert!(junit.contains("<failure"), "{junit}");
+}
+
+#[test]
+fn broken_yaml_is_exit_two_with_file_line_and_column() {
+    for (file, line_col, what) in [
+        ("unknown-key.yaml", ":5:1:", "unknown field `stepz`"),
+        ("bad-type.yaml", ":7:15:", "invalid u32"),
+    ] {
+        let path = fixture(file);
+        let out = run_to_end(wringer(
+            &marker(),
+            &[
+                "run",
+                path.to_str().unwrap(),
+                "--report-dir",
+                report_dir("broken").to_str().unwrap(),
+            ],
+        ));
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{}{line_col}", path.display())),
+            "{file}: {err}"
+        );
+        assert!(err.contains(what), "{file}: {err}");
+        let v = run_to_end(wringer(&marker(), &["validate", path.to_str().unwrap()]));
+        assert_eq!(v.status.code(), Some(2));
+    }
+}
+
+#[test]
+fn hung_rank_fires_the_watchdog_with_stacks_and_leaves_nothing() {
+    let dir = report_dir("hang");
+    let m = marker();
+    let started = Instant::now();
+    let out = run_to_end(wringer(
+        &m,
+        &[
+            "run",
+            fixture("stall.yaml").to_str().unwrap(),
+            "--report-dir",
+            dir.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        started.elapsed() < Duration::from_secs(50),
+        "the watchdog took {:?}",
+        started.elapsed()
+    );
+    let s = &results(&dir)["scenarios"][0];
+    assert_eq!(s["verdict"], "fail");
+    let reason = s["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("watchdog") && reason.contains("step 0 (stall)"),
+        "{reason}"
+    );
+    let stacks = s["evidence"]["stacks"].as_array().unwrap();
+    assert_eq!(stacks.len(), 2, "one stack capture per rank");
+    assert!(stacks
+        .iter()
+        .all(|st| st["text"].as_str().unwrap().contains("--- thread")));
+    assert!(processes_with(&m).is_empty(), "ranks outlived the run");
+}
+
+/// Wait (bounded) until a run's ranks exist; returns their pids.
+fn wait_for_ranks(m: &str, n: usize) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ranks: Vec<u32> = processes_with(m)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| c.windows(4).any(|w| w == b"rank"))
+                    .unwrap_or(false)
+            })
+            .collect();
+        if ranks.len() >= n {
+            return ranks;
+        }
+        assert!(Instant::now() < deadline, "ranks never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigint_mid_run_writes_a_partial_report_and_leaves_nothing() {
+    let dir = report_dir("sigint");
+    let m = marker();
+    let mut child = wringer(
+        &m,
+        &[
+            "run",
+            fixture("slow.yaml").to_str().unwrap(),
+            "scenarios/tcp-exact-reads.yaml",
+            "--report-dir",
+            dir.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    wait_for_ranks(&m, 2);
+    // SAFETY: kill with a pid we spawned and have not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("wringer did not exit after SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1));
+    let r = results(&dir);
+    assert_eq!(r["interrupted"], true);
+    assert_eq!(r["complete"], false);
+    assert_eq!(r["scenarios"][0]["verdict"], "fail");
+    assert_eq!(
+        r["scenarios"].as_array().unwrap().len(),
+        1,
+        "the second scenario must not start"
+    );
+    assert!(std::fs::read_to_string(dir.join("summary.md"))
+        .unwrap()
+        .contains("Interrupted"));
+    assert!(
+        processes_with(&m).is_empty(),
+        "ranks outlived the interrupted run"
+    );
+}
+
+#[test]
+fn rendezvous_connection_with_a_wrong_token_is_rejected() {
+    let dir = report_dir("token");
+    let m = marker();
+    let child = wringer(
+        &m,
+        &[
+            "run",
+            fixture("slow.yaml").to_str().unwrap(),
+            "--report-dir",
+            dir.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let rank = wait_for_ranks(&m, 1)[0];
+    let cmdline =
+        String::from_utf8(std::fs::read(format!("/proc/{rank}/cmdline")).unwrap()).unwrap();
+    let args: Vec<&str> = cmdline.split('\0').collect();
+    let addr = args[args.iter().position(|a| *a == "--rendezvous").unwrap() + 1];
+    let mut intruder = std::net::TcpStream::connect(addr).unwrap();
+    writeln!(
+        intruder,
+        r#"{{"type":"hello","rank":0,"token":"00000000000000000000000000000000","pid":1}}"#
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the intruder must not disturb the run"
+    );
+    let s = &results(&dir)["scenarios"][0];
+    assert_eq!(s["verdict"], "pass");
+    assert_eq!(s["evidence"]["rejected_rendezvous_connections"], 1);
+}
