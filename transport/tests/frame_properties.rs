@@ -52,7 +52,8 @@ proptest! {
 
         // Dropping the tail of the stream is always truncation, never a frame or a clean EOF.
         if let Some(last) = frames.last() {
-            let cut = drop_tail % last.encode().len() + 1;
+            // Cut 1..len-1 bytes off the last frame: never all of it, which would be a clean end.
+            let cut = drop_tail % (last.encode().len() - 1) + 1;
             let mut d = Decoder::new(4096);
             let mut rest = &stream[..stream.len() - cut];
             let mut n = 0;
