@@ -12,8 +12,7 @@ test:
 
 # The main job: build in release and run every scenario this machine can run (loopback by default).
 test-local hosts="hosts/local.yaml" *args="":
-    cargo build --release -p harness
-    ./target/release/wringer run --hosts {{hosts}} {{args}}
+    cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
 
 # Parse and check every scenario and host file.
 validate:
