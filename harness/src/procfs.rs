@@ -17,32 +17,6 @@ pub fn threads() -> usize {
         .unwrap_or(0)
 }
 
-/// True when thread `tid` of this process sleeps inside recvfrom/read.
-pub fn blocked_in_recv(tid: i32) -> bool {
-    if tid == 0 {
-        return false;
-    }
-    let Ok(syscall) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
-        return false;
-    };
-    let nr: i64 = syscall
-        .split_whitespace()
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(-1);
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .unwrap_or("");
-    state == "S" && (nr == libc::SYS_recvfrom || nr == libc::SYS_read)
-}
-
-/// Wait, at most `limit`, until `tid()` names a thread blocked in a receive.
-pub fn wait_blocked_in_recv(tid: impl Fn() -> i32, limit: Duration) -> bool {
-    wait_until(|| blocked_in_recv(tid()), limit)
-}
-
 /// Poll `cond` (for states the kernel offers no event for) until it holds, at most `limit`.
 pub fn wait_until(cond: impl Fn() -> bool, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;

@@ -42,6 +42,15 @@ fn wringer(marker: &str, args: &[&str]) -> Command {
     c
 }
 
+/// Start a run in the background (output discarded) for tests that act on it while it runs.
+fn spawn_run(marker: &str, args: &[&str]) -> std::process::Child {
+    wringer(marker, args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("wringer starts")
+}
+
 fn run_to_end(mut cmd: Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("wringer runs")
 }
@@ -212,7 +221,7 @@ fn wait_for_ranks(m: &str, n: usize) -> Vec<u32> {
 fn sigint_mid_run_writes_a_partial_report_and_leaves_nothing() {
     let dir = report_dir("sigint");
     let m = marker();
-    let mut child = wringer(
+    let mut child = spawn_run(
         &m,
         &[
             "run",
@@ -221,11 +230,7 @@ fn sigint_mid_run_writes_a_partial_report_and_leaves_nothing() {
             "--report-dir",
             dir.to_str().unwrap(),
         ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    );
     wait_for_ranks(&m, 2);
     // SAFETY: kill with a pid we spawned and have not reaped.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -263,7 +268,7 @@ fn sigint_mid_run_writes_a_partial_report_and_leaves_nothing() {
 fn rendezvous_connection_with_a_wrong_token_is_rejected() {
     let dir = report_dir("token");
     let m = marker();
-    let child = wringer(
+    let child = spawn_run(
         &m,
         &[
             "run",
@@ -271,11 +276,7 @@ fn rendezvous_connection_with_a_wrong_token_is_rejected() {
             "--report-dir",
             dir.to_str().unwrap(),
         ],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    );
     let rank = wait_for_ranks(&m, 1)[0];
     let cmdline =
         String::from_utf8(std::fs::read(format!("/proc/{rank}/cmdline")).unwrap()).unwrap();

@@ -1,24 +1,14 @@
 //! TCP over loopback: ping-pong round trips, 1 MiB stream bandwidth, and teardown cycles.
 //! Percentiles and the comparison with sockperf/iperf3 are in the `versus` bench.
 
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use transport::{Connection, ConnectionOptions};
+mod common;
+
+use common::pair;
 
 const T: Duration = Duration::from_secs(10);
-
-fn pair() -> (Connection, Connection) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (b, _) = l.accept().unwrap();
-    let opts = ConnectionOptions::default();
-    (
-        Connection::from_stream(a, opts).unwrap(),
-        Connection::from_stream(b, opts).unwrap(),
-    )
-}
 
 fn pingpong(c: &mut Criterion) {
     let mut g = c.benchmark_group("tcp_pingpong");

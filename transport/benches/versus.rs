@@ -5,12 +5,14 @@
 //! Latency is one-way (half the round trip), which is what sockperf reports. A missing tool is
 //! reported as "not installed", not silently skipped.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use transport::{Connection, ConnectionOptions};
+mod common;
+
+use common::pair;
 
 const T: Duration = Duration::from_secs(10);
 const SIZES: [usize; 4] = [64, 4096, 65536, 1 << 20];
@@ -62,17 +64,6 @@ fn human(size: usize) -> String {
         s if s >= 1024 => format!("{} KiB", s >> 10),
         s => format!("{s} B"),
     }
-}
-
-fn pair() -> (Connection, Connection) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-    let (b, _) = l.accept().unwrap();
-    let opts = ConnectionOptions::default();
-    (
-        Connection::from_stream(a, opts).unwrap(),
-        Connection::from_stream(b, opts).unwrap(),
-    )
 }
 
 /// One-way latency percentiles (µs) of a ping-pong through an echoing peer.

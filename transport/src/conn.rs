@@ -244,6 +244,32 @@ impl Connection {
         self.receiver_tid.load(Ordering::Acquire)
     }
 
+    /// True while the receiver thread sleeps inside `recv` (read from /proc, Linux only): it is
+    /// really blocked in a receive, not merely about to start one. For tests and harnesses that
+    /// must tear down a connection whose receiver is blocked.
+    pub fn receiver_blocked_in_recv(&self) -> bool {
+        let tid = self.receiver_tid();
+        if tid == 0 {
+            return false;
+        }
+        let task = format!("/proc/self/task/{tid}");
+        let Ok(syscall) = std::fs::read_to_string(format!("{task}/syscall")) else {
+            return false;
+        };
+        let nr: i64 = syscall
+            .split_whitespace()
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(-1);
+        let stat = std::fs::read_to_string(format!("{task}/stat")).unwrap_or_default();
+        // The state is the first field after the parenthesised thread name.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("");
+        state == "S" && (nr == libc::SYS_recvfrom || nr == libc::SYS_read)
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }

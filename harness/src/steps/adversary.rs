@@ -3,14 +3,14 @@
 
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use transport::frame::{Frame, FrameError, Kind, Section, HEADER_LEN};
 use transport::{Connection, ConnectionOptions, Error, ReceiverError, Terminal};
 
 use super::{accept_within, pattern, raw_connect};
-use crate::procfs::wait_blocked_in_recv;
+use crate::procfs::wait_until;
 use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
@@ -183,14 +183,10 @@ fn truncated(section: Section, expected: usize, got: usize) -> String {
 fn observe(conn: &Connection, case: &str, timeout: Duration) -> Result<String> {
     if case == "local-shutdown" {
         // Stop only once the partial frame is consumed and the receiver blocks for the rest.
-        let deadline = Instant::now() + timeout;
-        while unread(conn.raw_fd()) > 0 {
-            if Instant::now() > deadline {
-                bail!("the receiver never read the partial frame");
-            }
-            std::thread::yield_now();
+        let consumed = || unread(conn.raw_fd()) == 0 && conn.receiver_blocked_in_recv();
+        if !wait_until(consumed, timeout) {
+            bail!("the receiver never read the partial frame and blocked for the rest");
         }
-        wait_blocked_in_recv(|| conn.receiver_tid(), timeout);
         conn.close()?;
         return Ok(match conn.terminal() {
             Some(Terminal::LocalShutdown) => "local shutdown".into(),
@@ -235,12 +231,8 @@ pub fn receiver_error(
         }
         0 => {
             let conn = accept_conn(ctx, deadline)?;
-            let end = Instant::now() + deadline;
-            while conn.terminal().is_none() {
-                if Instant::now() > end {
-                    bail!("the receiver never failed on the garbage");
-                }
-                std::thread::sleep(Duration::from_millis(1));
+            if !wait_until(|| conn.terminal().is_some(), deadline) {
+                bail!("the receiver never failed on the garbage");
             }
             let send = conn.send(b"after the failure", deadline);
             let flush = conn.flush(deadline);

@@ -11,6 +11,7 @@ use transport::{
 };
 
 use super::seq;
+use crate::procfs::wait_until;
 use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
@@ -51,16 +52,19 @@ fn initiate(
     )
 }
 
+/// The two sides of this step meet at named points so each case runs in order.
+fn barrier(ctx: &Ctx, step: usize, name: &str, deadline: Duration) -> Result<()> {
+    ctx.control
+        .barrier(&format!("lazy-{step}-{name}"), 2, deadline)
+}
+
 fn initiator_side(
     ctx: &Ctx,
     step: usize,
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    let b = |name: &str| {
-        ctx.control
-            .barrier(&format!("lazy-{step}-{name}"), 2, deadline)
-    };
+    let b = |name: &str| barrier(ctx, step, name, deadline);
     // no spurious timeout: connect well within the listener's wait, answer its ping later.
     let conn = initiate(ctx, step, 2, 0, deadline)?;
     let ping = conn.recv(deadline)?;
@@ -98,10 +102,7 @@ fn listener_side(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    let b = |name: &str| {
-        ctx.control
-            .barrier(&format!("lazy-{step}-{name}"), 2, deadline)
-    };
+    let b = |name: &str| barrier(ctx, step, name, deadline);
     let l = &ctx.listener;
     let m = &mut report.metrics;
 
@@ -163,12 +164,8 @@ fn listener_side(
     // duplicate pending wait: the second wait is refused, the first still completes.
     let dup = std::thread::scope(|s| -> Result<f64> {
         let first = s.spawn(|| l.wait_for(seq(step, 5), deadline));
-        let until = Instant::now() + deadline;
-        while l.stats().pending == 0 {
-            if Instant::now() > until {
-                bail!("the first wait never became pending");
-            }
-            std::thread::yield_now();
+        if !wait_until(|| l.stats().pending > 0, deadline) {
+            bail!("the first wait never became pending");
         }
         let second = l.wait_for(seq(step, 5), deadline);
         let refused = matches!(second, Err(Error::DuplicateWait { .. }));
@@ -194,12 +191,8 @@ fn listener_side(
             std::thread::spawn(move || other.wait_for(n, deadline * 4))
         })
         .collect();
-    let until = Instant::now() + deadline;
-    while other.stats().pending < 3 {
-        if Instant::now() > until {
-            bail!("the three waits never became pending");
-        }
-        std::thread::yield_now();
+    if !wait_until(|| other.stats().pending == 3, deadline) {
+        bail!("the three waits never became pending");
     }
     let started = Instant::now();
     other.shutdown();

@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use transport::Terminal;
 
 use super::{connect_to, fd_is_closed, percentile, seq, settle};
-use crate::procfs::{blocked_in_recv, open_fds, threads, wait_until};
+use crate::procfs::{open_fds, threads, wait_until};
 use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
@@ -37,7 +37,7 @@ pub fn run(
         };
         // Rank 1's receiver may already have seen rank 0's close instead of blocking.
         let settled =
-            || (ctx.rank == 1 && conn.terminal().is_some()) || blocked_in_recv(conn.receiver_tid());
+            || (ctx.rank == 1 && conn.terminal().is_some()) || conn.receiver_blocked_in_recv();
         if !wait_until(settled, left) {
             bail!("cycle {i}: the receiver never blocked in recv");
         }

@@ -32,39 +32,16 @@ pub fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
-/// Wait (bounded) until thread `tid` of this process sleeps inside recvfrom/read: then it is
-/// really blocked in a receive, not merely about to start one.
+/// Wait (bounded) until the connection's receiver is really blocked in a receive.
 pub fn wait_blocked_in_recv(conn: &Connection) {
     let deadline = Instant::now() + GENEROUS;
-    loop {
-        let tid = conn.receiver_tid();
-        if tid != 0 && blocked_in_recv(tid) {
-            return;
-        }
+    while !conn.receiver_blocked_in_recv() {
         assert!(
             Instant::now() < deadline,
-            "receiver thread {tid} never blocked in recv"
+            "the receiver thread never blocked in recv"
         );
         std::thread::yield_now();
     }
-}
-
-fn blocked_in_recv(tid: i32) -> bool {
-    let Ok(syscall) = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall")) else {
-        return false;
-    };
-    let nr: i64 = syscall
-        .split_whitespace()
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(-1);
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
-    // State is the field after the parenthesised command name.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .unwrap_or("");
-    state == "S" && (nr == libc::SYS_recvfrom || nr == libc::SYS_read)
 }
 
 pub fn fd_is_closed(fd: i32) -> bool {
