@@ -18,12 +18,24 @@ test-local hosts="hosts/local.yaml" *args="":
 validate:
     cargo run -q -p harness -- validate scenarios hosts
 
-# Our transport against sockperf and iperf3 in one run (ratio table), then the criterion benches.
-bench:
-    cargo bench -p transport --bench versus
+# Our transport and coordinator against sockperf and iperf3 in one run (ratio table in reports/bench/), then the criterion benches.
+bench seconds="3": (apt "sockperf" "iperf3")
+    cargo run --release -q -p harness --bin wringer -- bench --seconds {{seconds}} --out reports/bench
     cargo bench -p transport --bench frame --bench tcp
 
 # Fuzz the frame decoder (not part of CI). cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
 fuzz seconds="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
     cd transport/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame_decoder -- -max_total_time={{seconds}}
+
+# Install the Debian packages among these that are missing (as root, or through sudo).
+[private]
+apt +packages:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    missing=()
+    for p in {{packages}}; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+    [ ${#missing[@]} -eq 0 ] && exit 0
+    sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"

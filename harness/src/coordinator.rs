@@ -39,6 +39,8 @@ pub struct Attempt {
     pub interrupted: bool,
     pub logs: Vec<PathBuf>,
     pub setup_error: Option<String>,
+    /// From starting the ranks to sending every rank its start message.
+    pub rendezvous: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -109,8 +111,9 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         events_tx,
         Arc::clone(&rejected),
     );
+    let launched = Instant::now();
     let mut group = LocalGroup::start(plan.ranks, addr, &token, plan.log_dir)?;
-    let result = drive(plan, &mut group, &events, &token, attempt);
+    let result = drive(plan, &mut group, &events, &token, launched, attempt);
     // Everything ends here, on every path: ranks (stopped ones included), then our threads.
     group.kill_all();
     // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
@@ -125,6 +128,7 @@ fn drive(
     group: &mut LocalGroup,
     events: &Receiver<Event>,
     token: &str,
+    launched: Instant,
     attempt: &mut Attempt,
 ) -> Result<()> {
     let n = plan.ranks as usize;
@@ -239,6 +243,7 @@ fn drive(
                 write_line(r.writer.as_mut().expect("checked"), &start)?;
             }
             started_steps = true;
+            attempt.rendezvous = Some(launched.elapsed());
         }
         if !started_steps && started.elapsed() > JOIN_TIMEOUT.min(plan.deadline) {
             let missing: Vec<String> = ranks

@@ -1,6 +1,7 @@
 //! The wringer harness: scenario files, host profiles and probes, the coordinator and its
 //! ranks, the watchdog, verdicts and reports.
 
+pub mod bench;
 pub mod coordinator;
 pub mod duration;
 pub mod hosts;

@@ -60,6 +60,19 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Measure the transport and the coordinator against the reference tools (sockperf,
+    /// iperf3) in one run; prints a ratio table and writes bench.json and bench.md.
+    Bench {
+        /// Seconds per latency or bandwidth measurement, the same for every tool.
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+        /// Where bench.json and bench.md go.
+        #[arg(long, default_value = "reports/bench")]
+        out: PathBuf,
+        /// Rank counts for the coordinator start-up measurement.
+        #[arg(long, value_delimiter = ',', default_value = "2,8,32,64")]
+        ranks: Vec<u32>,
+    },
     /// The rank worker (started by `wringer run`, not by hand).
     Rank {
         #[arg(long)]
@@ -130,6 +143,22 @@ fn main() -> ExitCode {
             Ok(0)
         })(),
         Command::Validate { paths } => validate(&paths),
+        Command::Bench {
+            seconds,
+            out,
+            ranks,
+        } => (|| {
+            let opts = harness::bench::BenchOptions {
+                seconds,
+                out_dir: out.clone(),
+                ranks,
+            };
+            let report = harness::bench::run(&opts)?;
+            print!("{}", harness::bench::markdown(&report));
+            harness::bench::write(&report, &out)?;
+            println!("written: {}/bench.json, bench.md", out.display());
+            Ok(0)
+        })(),
         Command::Rank { rendezvous, rank } => harness::rank::run(rendezvous, rank).map(|()| 0),
     };
     match outcome {

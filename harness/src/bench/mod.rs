@@ -1,0 +1,254 @@
+//! `wringer bench`: our transport and coordinator against the reference tools, in the same run
+//! on the same sizes, reported as ours, theirs and the ratio (Markdown and JSON). Benchmarks
+//! never fail a build; a goal that is missed is reported as missed.
+
+mod ours;
+mod reference;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::Serialize;
+
+pub struct BenchOptions {
+    /// Seconds per latency or bandwidth measurement (each tool gets the same).
+    pub seconds: u64,
+    pub out_dir: PathBuf,
+    /// Rank counts for the coordinator start-up measurement.
+    pub ranks: Vec<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Row {
+    pub measure: String,
+    pub unit: &'static str,
+    pub ours: Option<f64>,
+    pub reference: Option<f64>,
+    pub tool: Option<String>,
+    /// ours / reference.
+    pub ratio: Option<f64>,
+    pub goal: Option<String>,
+    pub met: Option<bool>,
+    /// Why this row has no numbers.
+    pub skipped: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub seconds_per_measure: u64,
+    pub rows: Vec<Row>,
+}
+
+#[derive(Clone, Copy)]
+enum Goal {
+    RatioAtMost(f64),
+    RatioAtLeast(f64),
+    ValueAtMost(f64),
+}
+
+fn row(
+    measure: String,
+    unit: &'static str,
+    ours: Result<f64>,
+    theirs: Option<(Result<f64, String>, &str)>,
+    goal: Option<Goal>,
+) -> Row {
+    let (ours, mut skipped) = match ours {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(format!("ours failed: {e:#}"))),
+    };
+    let (reference, tool) = match theirs {
+        Some((Ok(v), tool)) => (Some(v), Some(tool.to_string())),
+        Some((Err(why), tool)) => {
+            skipped.get_or_insert(why);
+            (None, Some(tool.to_string()))
+        }
+        None => (None, None),
+    };
+    let ratio = ours.zip(reference).map(|(o, r)| o / r);
+    let (goal_text, met) = match goal {
+        Some(Goal::RatioAtMost(g)) => (Some(format!("≤ {g:.2}×")), ratio.map(|r| r <= g)),
+        Some(Goal::RatioAtLeast(g)) => (Some(format!("≥ {g:.2}×")), ratio.map(|r| r >= g)),
+        Some(Goal::ValueAtMost(g)) => (Some(format!("≤ {g} {unit}")), ours.map(|o| o <= g)),
+        None => (None, None),
+    };
+    Row {
+        measure,
+        unit,
+        ours,
+        reference,
+        tool,
+        ratio,
+        goal: goal_text,
+        met,
+        skipped,
+    }
+}
+
+pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
+    let run = Duration::from_secs(opts.seconds.max(1));
+    let mut rows = vec![];
+    for size in [64usize, 4096, 65536, 1 << 20] {
+        let ours = ours::pingpong(size, run);
+        let theirs = reference::sockperf_pingpong(size, run);
+        let tool = if size > reference::SOCKPERF_MAX {
+            "sockperf (1 MiB − 1 B, its largest)"
+        } else {
+            "sockperf"
+        };
+        let (o50, o99) = match &ours {
+            Ok((a, b)) => (Ok(*a), Ok(*b)),
+            Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
+        };
+        let (t50, t99) = match theirs {
+            Ok((a, b)) => (Ok(a), Ok(b)),
+            Err(e) => (Err(e.clone()), Err(e)),
+        };
+        rows.push(row(
+            format!("TCP ping-pong {} p50", human(size)),
+            "µs",
+            o50,
+            Some((t50, tool)),
+            Some(Goal::RatioAtMost(1.05)),
+        ));
+        rows.push(row(
+            format!("TCP ping-pong {} p99", human(size)),
+            "µs",
+            o99,
+            Some((t99, tool)),
+            Some(Goal::RatioAtMost(1.05)),
+        ));
+    }
+    let ours_bw = ours::bandwidth(run);
+    let iperf = reference::iperf3_bandwidth(run);
+    rows.push(row(
+        "TCP stream, 1 MiB messages".into(),
+        "Gbit/s",
+        ours_bw,
+        Some((iperf, "iperf3")),
+        Some(Goal::RatioAtLeast(0.95)),
+    ));
+    for (measure, tool) in [
+        ("RDMA SEND ping-pong latency", "ib_send_lat"),
+        ("RDMA WRITE bandwidth", "ib_write_bw"),
+    ] {
+        rows.push(Row {
+            measure: measure.into(),
+            unit: "",
+            ours: None,
+            reference: None,
+            tool: Some(tool.into()),
+            ratio: None,
+            goal: None,
+            met: None,
+            skipped: Some(
+                "the RDMA transport is not part of this build yet (it arrives with the RDMA issue)"
+                    .into(),
+            ),
+        });
+    }
+    rows.push(row(
+        "teardown cycles per second".into(),
+        "cycles/s",
+        ours::teardown_rate(2000),
+        None,
+        None,
+    ));
+    let logs = opts.out_dir.join("bench-logs");
+    let mut startup = vec![];
+    for &n in &opts.ranks {
+        let t = ours::coordinator_startup(n, if n > 16 { 3 } else { 5 }, &logs);
+        if let Ok(v) = &t {
+            startup.push((n, *v));
+        }
+        let goal = (n == 8).then_some(Goal::ValueAtMost(50.0));
+        rows.push(row(
+            format!("coordinator: start {n} ranks + rendezvous"),
+            "ms",
+            t,
+            None,
+            goal,
+        ));
+    }
+    if let (Some(&(n0, t0)), Some(&(n1, t1))) = (
+        startup.iter().find(|(n, _)| *n == 8).or(startup.first()),
+        startup.last(),
+    ) {
+        if n1 > n0 {
+            // Linear growth: time per rank stays flat. Report the per-rank cost at both ends.
+            let per_rank = |t: f64, n: u32| t / n as f64;
+            let growth = per_rank(t1, n1) / per_rank(t0, n0);
+            rows.push(Row {
+                measure: format!("coordinator: per-rank cost at {n1} vs {n0} ranks"),
+                unit: "×",
+                ours: Some(growth),
+                reference: None,
+                tool: None,
+                ratio: None,
+                goal: Some("≤ 1.5× (linear)".into()),
+                met: Some(growth <= 1.5),
+                skipped: None,
+            });
+        }
+    }
+    let _ = std::fs::remove_dir_all(&logs);
+    Ok(BenchReport {
+        seconds_per_measure: opts.seconds,
+        rows,
+    })
+}
+
+fn human(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 => format!("{} MiB", s >> 20),
+        s if s >= 1024 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+fn num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+pub fn markdown(r: &BenchReport) -> String {
+    let mut s =
+        format!("| measure | wringer | reference | ratio | goal |\n|---|---|---|---|---|\n");
+    for row in &r.rows {
+        let ours = row
+            .ours
+            .map(|v| format!("{} {}", num(v), row.unit))
+            .unwrap_or_else(|| "–".into());
+        let theirs = match (row.reference, &row.tool, &row.skipped) {
+            (Some(v), Some(t), _) => format!("{} {} ({t})", num(v), row.unit),
+            (_, _, Some(why)) => format!("skipped: {why}"),
+            _ => "–".into(),
+        };
+        let ratio = row
+            .ratio
+            .map(|v| format!("{v:.2}"))
+            .unwrap_or_else(|| "–".into());
+        let goal = match (&row.goal, row.met) {
+            (Some(g), Some(true)) => format!("{g} ✅"),
+            (Some(g), Some(false)) => format!("{g} ❌ missed"),
+            (Some(g), None) => g.clone(),
+            _ => String::new(),
+        };
+        s.push_str(&format!(
+            "| {} | {ours} | {theirs} | {ratio} | {goal} |\n",
+            row.measure
+        ));
+    }
+    s
+}
+
+pub fn write(r: &BenchReport, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("bench.json"), serde_json::to_vec_pretty(r)?)?;
+    std::fs::write(dir.join("bench.md"), markdown(r))?;
+    Ok(())
+}

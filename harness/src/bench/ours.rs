@@ -1,0 +1,138 @@
+//! Our side of each measurement: the transport over loopback, and the coordinator.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use hdrhistogram::Histogram;
+use transport::{Connection, ConnectionOptions};
+
+use crate::coordinator::{self, Plan};
+use crate::duration::Dur;
+use crate::scenario::Step;
+
+const T: Duration = Duration::from_secs(10);
+
+fn pair() -> Result<(Connection, Connection)> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let a = TcpStream::connect(l.local_addr()?)?;
+    let (b, _) = l.accept()?;
+    let opts = ConnectionOptions::default();
+    Ok((
+        Connection::from_stream(a, opts)?,
+        Connection::from_stream(b, opts)?,
+    ))
+}
+
+/// One-way latency p50 and p99 (µs, half the round trip, as sockperf reports) through an
+/// echoing peer, after a 10% warm-up.
+pub fn pingpong(size: usize, run: Duration) -> Result<(f64, f64)> {
+    let (a, b) = pair()?;
+    let echo = std::thread::spawn(move || {
+        while let Ok(f) = b.recv(T) {
+            if b.send(&f.payload, T).is_err() {
+                break;
+            }
+        }
+    });
+    let msg = vec![0x5a; size];
+    let mut hist = Histogram::<u64>::new(3)?;
+    let warm = Instant::now() + run / 10;
+    let end = Instant::now() + run;
+    while Instant::now() < end {
+        let started = Instant::now();
+        a.send(&msg, T)?;
+        let back = a.recv(T)?;
+        let rtt = started.elapsed();
+        anyhow::ensure!(
+            back.payload.len() == size,
+            "echo of {} bytes for {size}",
+            back.payload.len()
+        );
+        if started > warm {
+            hist.record(rtt.as_nanos() as u64 / 2)?;
+        }
+    }
+    a.close()?;
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))?;
+    Ok((
+        hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.99) as f64 / 1e3,
+    ))
+}
+
+/// Single-connection bandwidth in Gbit/s with 1 MiB frames, measured at the receiver.
+pub fn bandwidth(run: Duration) -> Result<f64> {
+    let (a, b) = pair()?;
+    let sink = std::thread::spawn(move || {
+        let mut bytes = 0u64;
+        let mut first: Option<Instant> = None;
+        while let Ok(f) = b.recv(T) {
+            first.get_or_insert_with(Instant::now);
+            bytes += f.payload.len() as u64;
+        }
+        let secs = first
+            .map(|f| f.elapsed().as_secs_f64())
+            .unwrap_or(f64::INFINITY);
+        bytes as f64 * 8.0 / secs / 1e9
+    });
+    let msg = vec![1u8; 1 << 20];
+    let end = Instant::now() + run;
+    while Instant::now() < end {
+        a.send(&msg, T)?;
+    }
+    a.flush(T)?;
+    a.close()?;
+    sink.join()
+        .map_err(|_| anyhow::anyhow!("sink thread panicked"))
+}
+
+/// Teardown cycles per second (connect a pair, close both), over `n` cycles.
+pub fn teardown_rate(n: usize) -> Result<f64> {
+    let started = Instant::now();
+    for _ in 0..n {
+        let (a, b) = pair()?;
+        a.close()?;
+        b.close()?;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Median time (ms) for the coordinator to start `ranks` rank processes and finish the
+/// rendezvous, over `tries` runs of a one-step scenario.
+pub fn coordinator_startup(ranks: u32, tries: usize, log_dir: &Path) -> Result<f64> {
+    let steps = [Step::Stall {
+        duration: Dur(Duration::from_millis(1)),
+        deadline: Dur(Duration::from_secs(10)),
+    }];
+    let never = AtomicBool::new(false);
+    let mut times = vec![];
+    for t in 0..tries {
+        let dir = log_dir.join(format!("startup-{ranks}-{t}"));
+        let plan = Plan {
+            ranks,
+            steps: &steps,
+            faults: &[],
+            deadline: Duration::from_secs(60),
+            seed: 0,
+            log_dir: &dir,
+            interrupted: &never,
+        };
+        let attempt = coordinator::run(&plan);
+        if let Some(e) = attempt.setup_error {
+            anyhow::bail!("{ranks} ranks: {e}");
+        }
+        times.push(
+            attempt
+                .rendezvous
+                .context("the rendezvous never completed")?
+                .as_secs_f64()
+                * 1e3,
+        );
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
