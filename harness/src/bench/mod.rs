@@ -217,7 +217,7 @@ fn num(v: f64) -> String {
 
 pub fn markdown(r: &BenchReport) -> String {
     let mut s =
-        format!("| measure | wringer | reference | ratio | goal |\n|---|---|---|---|---|\n");
+        String::from("| measure | wringer | reference | ratio | goal |\n|---|---|---|---|---|\n");
     for row in &r.rows {
         let ours = row
             .ours
