@@ -25,6 +25,9 @@ pub struct ConnectionOptions {
     pub max_payload: u32,
     /// Frames the receiver may hold before it waits for the application to take them.
     pub queue_depth: usize,
+    /// Spin this long in `recv` for a frame before sleeping. Trades a core for latency: a
+    /// sleeping caller needs a wake-up from the receiver thread (a context switch each way).
+    pub busy_poll: Option<Duration>,
 }
 
 impl Default for ConnectionOptions {
@@ -32,6 +35,7 @@ impl Default for ConnectionOptions {
         ConnectionOptions {
             max_payload: DEFAULT_MAX_PAYLOAD,
             queue_depth: 64,
+            busy_poll: None,
         }
     }
 }
@@ -50,6 +54,7 @@ pub struct Connection {
     /// caller waits for the first to finish and then finds nothing left to do.
     receiver: Mutex<Option<JoinHandle<()>>>,
     receiver_tid: Arc<AtomicI32>,
+    busy_poll: Option<Duration>,
     fd: RawFd,
     local: SocketAddr,
     peer: SocketAddr,
@@ -106,6 +111,7 @@ impl Connection {
             wake: Mutex::new(Some(wake)),
             receiver: Mutex::new(Some(handle)),
             receiver_tid,
+            busy_poll: opts.busy_poll,
             fd,
             local,
             peer,
@@ -182,6 +188,15 @@ impl Connection {
     /// Next data frame from the peer. Frames that arrived before the receiver stopped are
     /// still delivered; after them comes the reason it stopped.
     pub fn recv(&self, timeout: Duration) -> Result<Frame> {
+        if let Some(spin) = self.busy_poll {
+            let until = Instant::now() + spin.min(timeout);
+            while Instant::now() < until {
+                if let Ok(frame) = self.frames.try_recv() {
+                    return Ok(frame);
+                }
+                std::hint::spin_loop();
+            }
+        }
         match self.frames.recv_timeout(timeout) {
             Ok(frame) => Ok(frame),
             Err(RecvTimeoutError::Timeout) => Err(Error::Timeout {

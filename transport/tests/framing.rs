@@ -227,3 +227,24 @@ fn send_to_a_peer_that_never_reads_times_out() {
         assert!(matches!(conn.send(b"x", GENEROUS), Err(Error::SendBroken)));
     }
 }
+
+#[test]
+fn busy_poll_receives_and_still_honours_the_timeout() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (ours, _) = listener.accept().unwrap();
+    let opts = transport::ConnectionOptions {
+        busy_poll: Some(Duration::from_millis(5)),
+        ..Default::default()
+    };
+    let conn = transport::Connection::from_stream(ours, opts).unwrap();
+    let started = Instant::now();
+    assert!(matches!(
+        conn.recv(Duration::from_millis(50)),
+        Err(Error::Timeout { .. })
+    ));
+    assert!(started.elapsed() >= Duration::from_millis(50) && started.elapsed() < GENEROUS);
+    let f = data(0, pattern(64, 2));
+    peer.write_all(&f.encode()).unwrap();
+    assert_eq!(conn.recv(GENEROUS).unwrap(), f);
+}

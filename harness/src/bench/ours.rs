@@ -15,11 +15,14 @@ use crate::scenario::Step;
 
 const T: Duration = Duration::from_secs(10);
 
-fn pair() -> Result<(Connection, Connection)> {
+fn pair(busy_poll: Option<Duration>) -> Result<(Connection, Connection)> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let a = TcpStream::connect(l.local_addr()?)?;
     let (b, _) = l.accept()?;
-    let opts = ConnectionOptions::default();
+    let opts = ConnectionOptions {
+        busy_poll,
+        ..ConnectionOptions::default()
+    };
     Ok((
         Connection::from_stream(a, opts)?,
         Connection::from_stream(b, opts)?,
@@ -27,9 +30,9 @@ fn pair() -> Result<(Connection, Connection)> {
 }
 
 /// One-way latency p50 and p99 (µs, half the round trip, as sockperf reports) through an
-/// echoing peer, after a 10% warm-up.
-pub fn pingpong(size: usize, run: Duration) -> Result<(f64, f64)> {
-    let (a, b) = pair()?;
+/// echoing peer, after a 10% warm-up. `busy_poll` spins both ends before they sleep.
+pub fn pingpong(size: usize, run: Duration, busy_poll: Option<Duration>) -> Result<(f64, f64)> {
+    let (a, b) = pair(busy_poll)?;
     let echo = std::thread::spawn(move || {
         while let Ok(f) = b.recv(T) {
             if b.send(&f.payload, T).is_err() {
@@ -66,7 +69,7 @@ pub fn pingpong(size: usize, run: Duration) -> Result<(f64, f64)> {
 
 /// Single-connection bandwidth in Gbit/s with 1 MiB frames, measured at the receiver.
 pub fn bandwidth(run: Duration) -> Result<f64> {
-    let (a, b) = pair()?;
+    let (a, b) = pair(None)?;
     let sink = std::thread::spawn(move || {
         let mut bytes = 0u64;
         let mut first: Option<Instant> = None;
@@ -94,7 +97,7 @@ pub fn bandwidth(run: Duration) -> Result<f64> {
 pub fn teardown_rate(n: usize) -> Result<f64> {
     let started = Instant::now();
     for _ in 0..n {
-        let (a, b) = pair()?;
+        let (a, b) = pair(None)?;
         a.close()?;
         b.close()?;
     }
