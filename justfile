@@ -4,8 +4,8 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt.
-test:
+# Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
+test: (apt "chromium")
     cargo nextest run --workspace --profile ci
     cargo clippy --workspace --all-targets -- -D warnings
     cargo fmt --all --check
@@ -13,6 +13,26 @@ test:
 # The main job: build in release and run every scenario this machine can run (loopback by default).
 test-local hosts="hosts/local.yaml" *args="":
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
+
+# The nightly job: test-local (and the scenarios against an inventory, when given), the benchmarks, then the HTML report with history in reports/site/.
+nightly hosts="": (apt "sockperf" "iperf3")
+    #!/usr/bin/env bash
+    set -uo pipefail
+    run="reports/nightly-$(date -u +%Y%m%d-%H%M%S)"
+    cargo build --release -q -p harness || exit 2
+    w="cargo run --release -q -p harness --bin wringer --"
+    status=0
+    $w run --hosts hosts/local.yaml --report-dir "$run/local" || status=1
+    $w bench --seconds 2 --out "$run/local" || status=1
+    dirs=("$run/local")
+    if [ -n "{{hosts}}" ]; then
+        $w run --hosts "{{hosts}}" --report-dir "$run/hosts" || status=1
+        [ -f "$run/hosts/results.json" ] && dirs+=("$run/hosts")
+    fi
+    $w report "${dirs[@]}" --history reports/history.jsonl --out reports/site/index.html || status=1
+    cat "${dirs[@]/%//summary.md}" > reports/site/summary.md
+    echo "nightly: $run, page reports/site/index.html"
+    exit $status
 
 # Parse and check every scenario and host file.
 validate:

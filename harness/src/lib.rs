@@ -14,5 +14,6 @@ pub mod rank;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod site;
 pub mod steps;
 pub mod verdict;

@@ -73,6 +73,20 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "2,8,32,64")]
         ranks: Vec<u32>,
     },
+    /// Write one self-contained HTML page from run folders and the history of earlier runs.
+    Report {
+        /// Run folders (each holding results.json, and optionally bench.json).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// The history file; these runs are added to it.
+        #[arg(long, default_value = "reports/history.jsonl")]
+        history: PathBuf,
+        #[arg(long, default_value = "reports/site/index.html")]
+        out: PathBuf,
+        /// Flag a trend value worse than the earlier runs' median by more than this fraction.
+        #[arg(long, default_value_t = 0.2)]
+        threshold: f64,
+    },
     /// The rank worker (started by `wringer run`, not by hand).
     Rank {
         #[arg(long)]
@@ -157,6 +171,22 @@ fn main() -> ExitCode {
             print!("{}", harness::bench::markdown(&report));
             harness::bench::write(&report, &out)?;
             println!("written: {}/bench.json, bench.md", out.display());
+            Ok(0)
+        })(),
+        Command::Report {
+            runs,
+            history,
+            out,
+            threshold,
+        } => (|| {
+            let opts = harness::site::ReportOptions {
+                runs,
+                history,
+                out,
+                threshold,
+            };
+            let page = harness::site::write(&opts)?;
+            println!("report: {}", page.display());
             Ok(0)
         })(),
         Command::Rank { rendezvous, rank } => harness::rank::run(rendezvous, rank).map(|()| 0),

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::probe::HostFacts;
 
-#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     Pass,
@@ -21,7 +21,7 @@ pub enum Verdict {
     Skip,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct MetricSummary {
     pub min: f64,
     pub max: f64,
@@ -29,14 +29,17 @@ pub struct MetricSummary {
     pub count: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Latency {
     pub p50_us: f64,
     pub p99_us: f64,
     pub count: u64,
+    /// (upper bound in µs, count) per power-of-two bucket, for histograms.
+    #[serde(default)]
+    pub histogram: Vec<(f64, u64)>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Stacks {
     pub repeat: u32,
     pub rank: u32,
@@ -44,7 +47,8 @@ pub struct Stacks {
     pub text: String,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Evidence {
     pub failures: Vec<String>,
     pub notes: Vec<String>,
@@ -54,7 +58,7 @@ pub struct Evidence {
     pub rejected_rendezvous_connections: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ScenarioResult {
     pub name: String,
     pub file: PathBuf,

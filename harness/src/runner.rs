@@ -267,6 +267,15 @@ fn run_scenario(
                 p50_us: h.value_at_quantile(0.5) as f64 / 1e3,
                 p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
                 count: h.len(),
+                histogram: h
+                    .iter_log(1000, 2.0)
+                    .map(|b| {
+                        (
+                            b.value_iterated_to() as f64 / 1e3,
+                            b.count_since_last_iteration(),
+                        )
+                    })
+                    .collect(),
             },
         );
     }

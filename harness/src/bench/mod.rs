@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub struct BenchOptions {
     /// Seconds per latency or bandwidth measurement (each tool gets the same).
@@ -19,10 +19,10 @@ pub struct BenchOptions {
     pub ranks: Vec<u32>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Row {
     pub measure: String,
-    pub unit: &'static str,
+    pub unit: String,
     pub ours: Option<f64>,
     pub reference: Option<f64>,
     pub tool: Option<String>,
@@ -34,7 +34,7 @@ pub struct Row {
     pub skipped: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct BenchReport {
     pub seconds_per_measure: u64,
     pub rows: Vec<Row>,
@@ -75,7 +75,7 @@ fn row(
     };
     Row {
         measure,
-        unit,
+        unit: unit.to_string(),
         ours,
         reference,
         tool,
@@ -152,7 +152,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     ] {
         rows.push(Row {
             measure: measure.into(),
-            unit: "",
+            unit: String::new(),
             ours: None,
             reference: None,
             tool: Some(tool.into()),
@@ -198,7 +198,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             let growth = per_rank(t1, n1) / per_rank(t0, n0);
             rows.push(Row {
                 measure: format!("coordinator: per-rank cost at {n1} vs {n0} ranks"),
-                unit: "×",
+                unit: "×".into(),
                 ours: Some(growth),
                 reference: None,
                 tool: None,
