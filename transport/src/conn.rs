@@ -50,6 +50,8 @@ pub struct Connection {
     stop: Arc<AtomicBool>,
     /// Dropped at teardown to wake a receiver that is blocked handing a frame over.
     wake: Mutex<Option<Sender<()>>>,
+    /// Payload buffers handed back by the application for the receiver to reuse.
+    recycled: Sender<Vec<u8>>,
     /// The receiver's handle until it is joined. Held for the whole teardown, so a second
     /// caller waits for the first to finish and then finds nothing left to do.
     receiver: Mutex<Option<JoinHandle<()>>>,
@@ -84,6 +86,7 @@ impl Connection {
         let fd = socket.as_raw_fd();
         let (frames_tx, frames) = crossbeam_channel::bounded(opts.queue_depth.max(1));
         let (wake, woken) = crossbeam_channel::bounded::<()>(0);
+        let (recycled, reusable) = crossbeam_channel::bounded(4);
         let terminal = Arc::new(OnceLock::new());
         let stop = Arc::new(AtomicBool::new(false));
         let receiver_tid = Arc::new(AtomicI32::new(0));
@@ -92,6 +95,7 @@ impl Connection {
             stop: Arc::clone(&stop),
             frames: frames_tx,
             woken,
+            reusable,
             terminal: Arc::clone(&terminal),
             tid: Arc::clone(&receiver_tid),
             max_payload: opts.max_payload,
@@ -109,6 +113,7 @@ impl Connection {
             terminal,
             stop,
             wake: Mutex::new(Some(wake)),
+            recycled,
             receiver: Mutex::new(Some(handle)),
             receiver_tid,
             busy_poll: opts.busy_poll,
@@ -242,6 +247,12 @@ impl Connection {
         })
     }
 
+    /// Hand a received payload back so the receiver can reuse its memory for a later frame
+    /// (optional; worthwhile for large frames). Dropped when enough are waiting already.
+    pub fn recycle(&self, payload: Vec<u8>) {
+        let _ = self.recycled.try_send(payload);
+    }
+
     /// How the receiver ended, once it has.
     pub fn terminal(&self) -> Option<&Terminal> {
         self.terminal.get()
@@ -340,6 +351,7 @@ struct Receiving {
     stop: Arc<AtomicBool>,
     frames: Sender<Frame>,
     woken: Receiver<()>,
+    reusable: Receiver<Vec<u8>>,
     terminal: Arc<OnceLock<Terminal>>,
     tid: Arc<AtomicI32>,
     max_payload: u32,
@@ -359,6 +371,9 @@ impl Receiving {
         let mut reader = FrameReader::new(self.max_payload);
         let mut expected = 0u64;
         loop {
+            if let Ok(buf) = self.reusable.try_recv() {
+                reader.give_buffer(buf);
+            }
             let frame = match reader.read_frame(&mut &*self.socket, &self.stop) {
                 Ok(ReadOutcome::Frame(frame)) => frame,
                 Ok(ReadOutcome::CleanEof) => return Terminal::PeerClosed,

@@ -190,6 +190,9 @@ enum State {
 pub struct Decoder {
     max_payload: u32,
     state: State,
+    /// A payload buffer handed back by the application, reused for the next payload so a
+    /// stream of large frames does not allocate (and page-fault) per frame.
+    spare: Option<Vec<u8>>,
 }
 
 impl Decoder {
@@ -200,6 +203,19 @@ impl Decoder {
                 buf: [0; HEADER_LEN],
                 filled: 0,
             },
+            spare: None,
+        }
+    }
+
+    /// Offer a used payload buffer for reuse (the larger of two offers is kept). Its old bytes
+    /// are never visible: a payload is returned only once every byte of it has been read.
+    pub fn give_buffer(&mut self, buf: Vec<u8>) {
+        if self
+            .spare
+            .as_ref()
+            .is_none_or(|s| s.capacity() < buf.capacity())
+        {
+            self.spare = Some(buf);
         }
     }
 
@@ -285,10 +301,13 @@ impl Decoder {
                         payload: Vec::new(),
                     }));
                 }
-                // Only now, with the length validated, may a payload buffer exist.
+                // Only now, with the length validated, may a payload buffer exist. A reused one
+                // keeps at most `len` of its old length, so nothing new is allocated for it.
+                let mut buf = self.spare.take().unwrap_or_default();
+                buf.truncate(header.len as usize);
                 self.state = State::Payload {
                     header,
-                    buf: Vec::new(),
+                    buf,
                     filled: 0,
                 };
                 Ok(None)
@@ -427,6 +446,25 @@ mod tests {
             }
         );
         assert_eq!(d.end_of_stream(true), ReadOutcome::LocalShutdown);
+    }
+
+    #[test]
+    fn a_given_buffer_is_reused_and_never_leaks_old_bytes() {
+        let mut d = Decoder::new(1024);
+        let long = data(0, &[9; 300]);
+        let (_, f) = d.feed(&long.encode()).unwrap();
+        let old = f.unwrap().payload;
+        let ptr = old.as_ptr();
+        d.give_buffer(old);
+        let short = data(1, b"fresh");
+        let (_, f) = d.feed(&short.encode()).unwrap();
+        let f = f.unwrap();
+        assert_eq!(f.payload, b"fresh");
+        assert_eq!(f.payload.as_ptr(), ptr, "the given buffer was not reused");
+        // A longer payload after a shorter buffer: intact, whatever the buffer held before.
+        d.give_buffer(f.payload);
+        let longer = data(2, &[7; 500]);
+        assert_eq!(d.feed(&longer.encode()).unwrap().1.unwrap(), longer);
     }
 
     #[test]

@@ -55,6 +55,11 @@ impl FrameReader {
         }
     }
 
+    /// Offer a used payload buffer for the next frame (see [`Decoder::give_buffer`]).
+    pub fn give_buffer(&mut self, buf: Vec<u8>) {
+        self.decoder.give_buffer(buf);
+    }
+
     /// Bytes read but not yet returned as part of a frame.
     pub fn buffered(&self) -> usize {
         self.end - self.start

@@ -248,3 +248,15 @@ fn busy_poll_receives_and_still_honours_the_timeout() {
     peer.write_all(&f.encode()).unwrap();
     assert_eq!(conn.recv(GENEROUS).unwrap(), f);
 }
+
+#[test]
+fn recycled_buffers_carry_later_frames_intact() {
+    let (a, b) = conn_pair();
+    for (i, len) in [200_000usize, 10, 150_000, 300_000].into_iter().enumerate() {
+        let payload = pattern(len, i as u8);
+        a.send(&payload, GENEROUS).unwrap();
+        let f = b.recv(GENEROUS).unwrap();
+        assert_eq!(f.payload, payload, "frame {i}");
+        b.recycle(f.payload);
+    }
+}

@@ -38,6 +38,7 @@ pub fn pingpong(size: usize, run: Duration, busy_poll: Option<Duration>) -> Resu
             if b.send(&f.payload, T).is_err() {
                 break;
             }
+            b.recycle(f.payload);
         }
     });
     let msg = vec![0x5a; size];
@@ -76,6 +77,7 @@ pub fn bandwidth(run: Duration) -> Result<f64> {
         while let Ok(f) = b.recv(T) {
             first.get_or_insert_with(Instant::now);
             bytes += f.payload.len() as u64;
+            b.recycle(f.payload);
         }
         let secs = first
             .map(|f| f.elapsed().as_secs_f64())

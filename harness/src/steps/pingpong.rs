@@ -42,10 +42,12 @@ pub fn run(
                         .or_default()
                         .push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
                     pair_mismatches += (back.payload != expected) as u32;
+                    conn.recycle(back.payload);
                 } else {
                     let got = conn.recv(deadline)?;
                     pair_mismatches += (got.payload != expected) as u32;
                     conn.send(&got.payload, deadline)?;
+                    conn.recycle(got.payload);
                 }
             }
         }
