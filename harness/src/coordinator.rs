@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
-use crate::launcher::LocalGroup;
+use crate::launcher::{Placement, RankGroup};
 use crate::protocol::{read_line, write_line, CoordMsg, PeerAddrs, RankMsg, StepReport};
 use crate::scenario::{Fault, FaultAction, Step};
 
@@ -39,6 +38,10 @@ pub struct Attempt {
     pub interrupted: bool,
     pub logs: Vec<PathBuf>,
     pub setup_error: Option<String>,
+    /// Ranks a fault struck (directly or through their host): their own errors are excused.
+    pub faulted_ranks: Vec<u32>,
+    /// Processes of the run found alive on a host after it ended.
+    pub leftovers: Vec<String>,
     /// From starting the ranks to sending every rank its start message.
     pub rendezvous: Option<Duration>,
 }
@@ -86,6 +89,7 @@ pub struct Plan<'a> {
     pub seed: u64,
     pub log_dir: &'a Path,
     pub interrupted: &'a AtomicBool,
+    pub placement: &'a Placement,
 }
 
 pub fn run(plan: &Plan) -> Attempt {
@@ -101,7 +105,9 @@ pub fn run(plan: &Plan) -> Attempt {
 
 fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     let token = random_token()?;
-    let listener = Arc::new(TcpListener::bind("127.0.0.1:0").context("binding the rendezvous")?);
+    let listener = Arc::new(
+        TcpListener::bind((plan.placement.rendezvous_ip(), 0)).context("binding the rendezvous")?,
+    );
     let addr = listener.local_addr()?;
     let (events_tx, events) = crossbeam_channel::unbounded();
     let rejected = Arc::new(AtomicU64::new(0));
@@ -112,10 +118,21 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         Arc::clone(&rejected),
     );
     let launched = Instant::now();
-    let mut group = LocalGroup::start(plan.ranks, addr, &token, plan.log_dir)?;
+    let mut group = RankGroup::start(plan.ranks, addr, &token, plan.log_dir, plan.placement)?;
     let result = drive(plan, &mut group, &events, &token, launched, attempt);
-    // Everything ends here, on every path: ranks (stopped ones included), then our threads.
+    // Everything ends here, on every path: hosts healed (so they can be reached), ranks killed
+    // (stopped ones included), the hosts' process tables checked, then our threads.
+    if !attempt.faults_struck.is_empty() {
+        if let Some(c) = plan.placement.containers() {
+            if let Err(e) = c.heal() {
+                attempt.unexpected_exits.push(format!(
+                    "could not heal the container hosts after the faults: {e:#}"
+                ));
+            }
+        }
+    }
     group.kill_all();
+    attempt.leftovers = group.remote_leftovers();
     // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
     unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
     let _ = acceptor.join();
@@ -125,7 +142,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
 
 fn drive(
     plan: &Plan,
-    group: &mut LocalGroup,
+    group: &mut RankGroup,
     events: &Receiver<Event>,
     token: &str,
     launched: Instant,
@@ -146,11 +163,13 @@ fn drive(
         }
         match events.recv_timeout(TICK) {
             Ok(Event::Joined { rank, pid, writer }) => {
-                let expected = group.pid(rank);
-                if (rank as usize) < n
-                    && expected == Some(pid)
-                    && ranks[rank as usize].writer.is_none()
-                {
+                // A local rank must be the very process we started; a remote one reports the PID
+                // it has on its host.
+                let ours = group.is_remote() || group.pid(rank) == Some(pid);
+                if (rank as usize) < n && ours && ranks[rank as usize].writer.is_none() {
+                    if group.is_remote() {
+                        group.set_remote_pid(rank, pid);
+                    }
                     ranks[rank as usize].writer = Some(writer);
                 } else {
                     attempt.unexpected_exits.push(format!(
@@ -167,20 +186,37 @@ fn drive(
                     RankMsg::Point { step, name } => {
                         for (i, f) in plan.faults.iter().enumerate() {
                             if f.rank == rank && f.at == name && struck.insert(i) {
-                                let signal = match f.action {
-                                    FaultAction::Sigkill => Signal::SIGKILL,
-                                    FaultAction::Sigstop => Signal::SIGSTOP,
+                                let at = started.elapsed();
+                                let hit: Vec<u32> = if f.action.is_host_level() {
+                                    let host = plan.placement.host_of(rank);
+                                    (0..n as u32)
+                                        .filter(|x| plan.placement.host_of(*x) == host)
+                                        .collect()
+                                } else {
+                                    vec![rank]
                                 };
-                                if let Some(pid) = group.pid(rank) {
-                                    let _ = kill(Pid::from_raw(pid as i32), signal);
+                                match apply_fault(f.action, rank, group, plan.placement) {
+                                    Ok(()) => {
+                                        for x in &hit {
+                                            if f.action.excuses_the_rank() {
+                                                ranks[*x as usize].faulted = Some(f.action);
+                                                attempt.faulted_ranks.push(*x);
+                                            }
+                                            if f.action.stops_the_rank() {
+                                                ranks[*x as usize].step = None;
+                                            }
+                                        }
+                                        attempt.faults_struck.push(format!(
+                                            "{:?} to rank {rank} at `{name}` (step {step}) {:.0} ms into the run (ranks hit: {hit:?})",
+                                            f.action,
+                                            at.as_secs_f64() * 1e3
+                                        ));
+                                    }
+                                    Err(e) => attempt.unexpected_exits.push(format!(
+                                        "fault {:?} at `{name}` could not be applied: {e:#}",
+                                        f.action
+                                    )),
                                 }
-                                ranks[r].faulted = Some(f.action);
-                                ranks[r].step = None;
-                                attempt.faults_struck.push(format!(
-                                    "{:?} to rank {rank} at `{name}` (step {step}) {:.0} ms into the run",
-                                    f.action,
-                                    started.elapsed().as_secs_f64() * 1e3
-                                ));
                             }
                         }
                     }
@@ -264,9 +300,9 @@ fn drive(
         }
 
         // Child exits, judged once the rank's line has closed too (so its last messages are in).
-        for (i, child) in group.children.iter_mut().enumerate() {
+        for i in 0..group.len() {
             if ranks[i].exited.is_none() {
-                if let Ok(Some(status)) = child.try_wait() {
+                if let Some(status) = group.try_wait(i) {
                     ranks[i].exited = Some(status.to_string());
                     // A rank that never joined has no line to wait for.
                     if ranks[i].writer.is_none() {
@@ -355,19 +391,34 @@ fn drive(
 }
 
 /// Stacks of every rank still alive (the hung one among them).
-fn capture(group: &LocalGroup, ranks: &[RankState]) -> Vec<(u32, u32, String)> {
+fn capture(group: &RankGroup, ranks: &[RankState]) -> Vec<(u32, u32, String)> {
     (0..ranks.len() as u32)
         .filter(|&r| ranks[r as usize].exited.is_none())
-        .filter_map(|r| {
-            group.pid(r).map(|pid| {
-                (
-                    r,
-                    pid,
-                    crate::procfs::capture_stacks(pid, Duration::from_secs(20)),
-                )
-            })
-        })
+        .filter_map(|r| group.stacks(r).map(|(pid, text)| (r, pid, text)))
         .collect()
+}
+
+/// Strike: a signal to the rank, or an action on its host (containers only).
+fn apply_fault(
+    action: FaultAction,
+    rank: u32,
+    group: &RankGroup,
+    placement: &Placement,
+) -> Result<()> {
+    let host = placement.host_of(rank);
+    let containers = || {
+        placement
+            .containers()
+            .context("host-level faults need the containers host profile")
+    };
+    match action {
+        FaultAction::Sigkill => group.signal(rank, Signal::SIGKILL),
+        FaultAction::Sigstop => group.signal(rank, Signal::SIGSTOP),
+        FaultAction::HostKill => containers()?.kill(host),
+        FaultAction::HostFreeze => containers()?.freeze(host),
+        FaultAction::LinkCut => containers()?.cut_link(host),
+        FaultAction::RateLimit => containers()?.rate_limit(host, "10mbit"),
+    }
 }
 
 fn spawn_acceptor(

@@ -2,11 +2,13 @@
 //! ranks, the watchdog, verdicts and reports.
 
 pub mod bench;
+pub mod containers;
 pub mod coordinator;
 pub mod duration;
 pub mod hosts;
 pub mod input;
 pub mod launcher;
+pub mod placement;
 pub mod probe;
 pub mod procfs;
 pub mod protocol;
@@ -15,5 +17,6 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod site;
+pub mod ssh;
 pub mod steps;
 pub mod verdict;

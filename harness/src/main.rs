@@ -93,6 +93,13 @@ enum Command {
         rendezvous: SocketAddr,
         #[arg(long)]
         rank: u32,
+        /// The address this rank's listeners bind to and advertise to the other ranks.
+        #[arg(long, default_value = "127.0.0.1")]
+        bind: std::net::IpAddr,
+        /// Read the run token from the first line of stdin (ranks started over SSH), and exit
+        /// when stdin closes.
+        #[arg(long)]
+        token_stdin: bool,
     },
 }
 
@@ -189,7 +196,12 @@ fn main() -> ExitCode {
             println!("report: {}", page.display());
             Ok(0)
         })(),
-        Command::Rank { rendezvous, rank } => harness::rank::run(rendezvous, rank).map(|()| 0),
+        Command::Rank {
+            rendezvous,
+            rank,
+            bind,
+            token_stdin,
+        } => harness::rank::run(rendezvous, rank, bind, token_stdin).map(|()| 0),
     };
     match outcome {
         Ok(code) => ExitCode::from(code as u8),

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::io::BufReader;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,9 +86,13 @@ pub struct Ctx {
     pub control: Control,
 }
 
-pub fn run(rendezvous: SocketAddr, rank: u32) -> Result<()> {
-    let token_hex = std::env::var(TOKEN_ENV)
-        .map_err(|_| anyhow!("{TOKEN_ENV} is not set; ranks are started by `wringer run`"))?;
+pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -> Result<()> {
+    let token_hex = if token_stdin {
+        token_from_stdin()?
+    } else {
+        std::env::var(TOKEN_ENV)
+            .map_err(|_| anyhow!("{TOKEN_ENV} is not set; ranks are started by `wringer run`"))?
+    };
     let token = u128::from_str_radix(&token_hex, 16).context("malformed run token")?;
     let stream = TcpStream::connect_timeout(&rendezvous, Duration::from_secs(10))
         .context("connecting to the coordinator")?;
@@ -103,11 +107,8 @@ pub fn run(rendezvous: SocketAddr, rank: u32) -> Result<()> {
         },
     )?;
 
-    let listener = Listener::bind(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        ListenerOptions::new(token),
-    )?;
-    let raw = TcpListener::bind("127.0.0.1:0")?;
+    let listener = Listener::bind(SocketAddr::new(bind, 0), ListenerOptions::new(token))?;
+    let raw = TcpListener::bind(SocketAddr::new(bind, 0))?;
     let addrs = PeerAddrs {
         transport: listener.local_addr(),
         raw: raw.local_addr()?,
@@ -170,4 +171,27 @@ pub fn run(rendezvous: SocketAddr, rank: u32) -> Result<()> {
     }
     ctx.control.send(&RankMsg::Done)?;
     Ok(())
+}
+
+/// A rank started over SSH: lead its own process group (so the coordinator can kill all of it
+/// at once), read the token from stdin, and exit as soon as stdin closes (the coordinator or
+/// its ssh is gone).
+fn token_from_stdin() -> Result<String> {
+    // SAFETY: setsid has no memory-safety preconditions. It fails (harmlessly) when this
+    // process already leads a group, which is all we need.
+    unsafe { libc::setsid() };
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("reading the run token from stdin")?;
+    std::thread::Builder::new()
+        .name("wringer-stdin".into())
+        .spawn(|| {
+            let mut sink = [0u8; 64];
+            use std::io::Read;
+            let mut stdin = std::io::stdin();
+            while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+            std::process::exit(3);
+        })?;
+    Ok(line.trim().to_string())
 }

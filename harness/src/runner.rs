@@ -12,6 +12,7 @@ use hdrhistogram::Histogram;
 
 use crate::coordinator::{self, Plan};
 use crate::hosts::HostProfile;
+use crate::launcher::Placement;
 use crate::probe::HostFacts;
 use crate::report::{
     Evidence, Latency, MetricSummary, Reporter, RunMeta, ScenarioResult, Stacks, Verdict,
@@ -64,6 +65,12 @@ pub fn run(
                 .is_none_or(|f| s.scenario.name.contains(f))
         })
         .collect();
+    // Hosts come up once per run (containers started, the binary deployed over SSH).
+    let placement = if selected.is_empty() {
+        Placement::Local
+    } else {
+        crate::placement::prepare(profile, &run_id)?
+    };
     let progress = Progress::new(selected.len());
     println!(
         "wringer run {run_id}: {} scenarios on `{}`, report in {}",
@@ -76,7 +83,16 @@ pub fn run(
             break;
         }
         progress.start(i, &loaded.scenario.name);
-        let result = run_scenario(loaded, profile, &facts, opts, seed, &dir, &interrupted);
+        let result = run_scenario(
+            loaded,
+            &placement,
+            profile,
+            &facts,
+            opts,
+            seed,
+            &dir,
+            &interrupted,
+        );
         progress.finish(i, &result);
         reporter.record(result, started.elapsed())?;
     }
@@ -113,6 +129,7 @@ pub fn run(
 
 fn run_scenario(
     loaded: &Loaded,
+    placement: &Placement,
     profile: &HostProfile,
     facts: &HostFacts,
     opts: &RunOptions,
@@ -134,6 +151,16 @@ fn run_scenario(
         latency: BTreeMap::new(),
         evidence: Evidence::default(),
     };
+    if placement.containers().is_none() {
+        if let Some(f) = s.faults.iter().find(|f| f.value.action.is_host_level()) {
+            result.verdict = Verdict::Skip;
+            result.reason = Some(format!(
+                "no-host-control: the {:?} fault acts on a whole host, which only the containers profile can do (`{}` is {:?})",
+                f.value.action, profile.name, profile.kind
+            ));
+            return result;
+        }
+    }
     for req in &s.requires {
         if let Err(reason) = facts.check(*req, profile) {
             let required = opts.strict || profile.must_have.contains(req);
@@ -181,6 +208,7 @@ fn run_scenario(
             seed: seed.wrapping_add(repeat as u64),
             log_dir: &log_dir,
             interrupted,
+            placement,
         };
         let attempt = coordinator::run(&plan);
         let failures = crate::verdict::judge(&attempt, &s.expect);

@@ -43,10 +43,43 @@ pub struct Fault {
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum FaultAction {
+    /// Kill the rank's process.
     Sigkill,
+    /// Freeze the rank's process (its sockets stay open).
     Sigstop,
+    /// Kill the rank's whole host (container hosts only).
+    HostKill,
+    /// Freeze the rank's whole host (docker pause).
+    HostFreeze,
+    /// Cut the host's data link silently: no FIN, no RST.
+    LinkCut,
+    /// Rate-limit the host's data link to 10 Mbit/s (tc tbf).
+    RateLimit,
+}
+
+impl FaultAction {
+    /// Acts on a host, so it needs hosts the harness controls (the containers profile).
+    pub fn is_host_level(self) -> bool {
+        !matches!(self, FaultAction::Sigkill | FaultAction::Sigstop)
+    }
+
+    /// The rank will not finish by itself afterwards (it is dead or frozen).
+    pub fn stops_the_rank(self) -> bool {
+        matches!(
+            self,
+            FaultAction::Sigkill
+                | FaultAction::Sigstop
+                | FaultAction::HostKill
+                | FaultAction::HostFreeze
+        )
+    }
+
+    /// The rank's own errors afterwards are the fault's doing, not the transport's.
+    pub fn excuses_the_rank(self) -> bool {
+        self != FaultAction::RateLimit
+    }
 }
 
 /// One step and its typed parameters. Every step carries its own deadline.

@@ -24,7 +24,13 @@ pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Ve
         failures.push(e.clone());
     }
     for (rank, step, e) in &attempt.step_errors {
-        failures.push(format!("rank {rank} step {step}: {e}"));
+        // A rank a fault struck fails by design; its survivors' evidence is what counts.
+        if !attempt.faulted_ranks.contains(rank) {
+            failures.push(format!("rank {rank} step {step}: {e}"));
+        }
+    }
+    for l in &attempt.leftovers {
+        failures.push(format!("process left behind: {l}"));
     }
     failures.extend(attempt.faults_missed.iter().cloned());
     if !failures.is_empty() {

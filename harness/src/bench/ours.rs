@@ -125,6 +125,7 @@ pub fn coordinator_startup(ranks: u32, tries: usize, log_dir: &Path) -> Result<f
             seed: 0,
             log_dir: &dir,
             interrupted: &never,
+            placement: &crate::launcher::Placement::Local,
         };
         let attempt = coordinator::run(&plan);
         if let Some(e) = attempt.setup_error {

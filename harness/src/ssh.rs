@@ -1,0 +1,272 @@
+//! Reaching hosts with the system `ssh` (so the user's ~/.ssh/config keeps working): command
+//! lines without a local shell, every remote argument quoted, BatchMode and connect timeouts so
+//! an unreachable host is a clear failure and never a hang.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+#[derive(Clone, Debug)]
+pub struct SshTarget {
+    /// A name for messages.
+    pub name: String,
+    pub host: String,
+    pub user: Option<String>,
+    pub port: Option<u16>,
+    pub identity: Option<PathBuf>,
+    /// Options for throwaway test hosts (their host keys are new every run).
+    pub trust_new_host_keys: bool,
+}
+
+/// Quote one word for a POSIX shell: the remote side of ssh always runs a shell.
+pub fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
+impl SshTarget {
+    /// `ssh [options] destination -- <quoted remote words>`. The local side spawns `ssh`
+    /// directly (no local shell); the remote words are quoted one by one.
+    pub fn command(&self, remote: &[&str]) -> Command {
+        let mut c = Command::new("ssh");
+        c.args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            "-o",
+            "ServerAliveInterval=2",
+            "-o",
+            "ServerAliveCountMax=3",
+        ]);
+        c.args(["-o", "LogLevel=ERROR"]);
+        if self.trust_new_host_keys {
+            c.args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+            ]);
+        }
+        if let Some(port) = self.port {
+            c.args(["-p", &port.to_string()]);
+        }
+        if let Some(id) = &self.identity {
+            c.arg("-i").arg(id).args(["-o", "IdentitiesOnly=yes"]);
+        }
+        if let Some(user) = &self.user {
+            c.args(["-l", user]);
+        }
+        // `--` ends ssh's options: nothing after it can be read as one.
+        c.arg("--").arg(&self.host);
+        c.arg(
+            remote
+                .iter()
+                .map(|w| quote(w))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        c
+    }
+
+    /// Run a remote command to completion within `limit`, feeding it `input`.
+    pub fn run(&self, remote: &[&str], input: Option<&Path>, limit: Duration) -> Result<Output> {
+        let mut child = self
+            .command(remote)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .context("starting ssh (is OpenSSH's client installed?)")?;
+        let feeder = input.map(|p| {
+            let mut stdin = child.stdin.take().expect("piped");
+            let p = p.to_owned();
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let mut f = std::fs::File::open(p)?;
+                std::io::copy(&mut f, &mut stdin)?;
+                stdin.flush()
+            })
+        });
+        let mut out = child.stdout.take().expect("piped");
+        let mut err = child.stderr.take().expect("piped");
+        let readers = std::thread::spawn(move || {
+            let (mut o, mut e) = (vec![], vec![]);
+            let _ = out.read_to_end(&mut o);
+            let _ = err.read_to_end(&mut e);
+            (o, e)
+        });
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            if Instant::now() > deadline {
+                // SAFETY: signals the process group we created for this ssh.
+                unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
+                let _ = child.wait();
+                bail!(
+                    "{}: `{}` did not finish within {limit:?}",
+                    self.name,
+                    remote.join(" ")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if let Some(f) = feeder {
+            let _ = f.join();
+        }
+        let (stdout, stderr) = readers.join().unwrap_or_default();
+        Ok(Output {
+            status,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Like [`run`](Self::run), but a non-zero exit is an error that quotes ssh's stderr.
+    pub fn check(&self, remote: &[&str], limit: Duration) -> Result<String> {
+        let out = self.run(remote, None, limit)?;
+        if !out.status.success() {
+            let code = out.status.code().unwrap_or(-1);
+            let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            let hint = if code == 255 {
+                " (ssh could not connect or authenticate: check the inventory's ssh fields)"
+            } else {
+                ""
+            };
+            bail!(
+                "{}: `{}` exited {code}{hint}: {why}",
+                self.name,
+                remote.join(" ")
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// Make sure this exact wringer build is on the host; returns its remote path. The path
+/// carries a hash of the binary, so two builds never share one; a present copy is reused only
+/// if it reports the same version.
+pub fn deploy(target: &SshTarget, remote_dir: &str) -> Result<String> {
+    let exe = std::env::current_exe()?;
+    let bytes = std::fs::read(&exe)?;
+    let hash = fnv1a(&bytes);
+    let dir = remote_dir.trim_end_matches('/');
+    // `~` is expanded by the remote shell only unquoted; keep the home-relative form explicit.
+    let dir = dir
+        .strip_prefix("~/")
+        .map(|d| format!("$HOME/{d}"))
+        .unwrap_or_else(|| dir.to_string());
+    let path = format!("{dir}/wringer-{}-{hash:016x}", env!("CARGO_PKG_VERSION"));
+    let want = format!("wringer {}", env!("CARGO_PKG_VERSION"));
+    let resolved = target
+        .check(
+            &["sh", "-c", "eval echo \"$1\"", "sh", &path],
+            Duration::from_secs(20),
+        )?
+        .trim()
+        .to_string();
+    let has = target.run(&[&resolved, "--version"], None, Duration::from_secs(20))?;
+    if has.status.success() && String::from_utf8_lossy(&has.stdout).trim() == want {
+        return Ok(resolved);
+    }
+    let tmp = format!("{resolved}.tmp");
+    let parent = Path::new(&resolved)
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| ".".into());
+    let copy = target.run(
+        &[
+            "sh",
+            "-c",
+            "mkdir -p \"$1\" && cat > \"$2\" && chmod 755 \"$2\" && mv \"$2\" \"$3\"",
+            "sh",
+            &parent,
+            &tmp,
+            &resolved,
+        ],
+        Some(&exe),
+        Duration::from_secs(120),
+    )?;
+    if !copy.status.success() {
+        bail!(
+            "{}: copying wringer to {resolved} failed: {}",
+            target.name,
+            String::from_utf8_lossy(&copy.stderr).trim()
+        );
+    }
+    let got = target.check(&[&resolved, "--version"], Duration::from_secs(20))?;
+    if got.trim() != want {
+        bail!(
+            "{}: {resolved} reports `{}`, expected `{want}`",
+            target.name,
+            got.trim()
+        );
+    }
+    Ok(resolved)
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+use std::os::unix::process::CommandExt;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_hostile_words() {
+        for hostile in [
+            "$(touch /tmp/pwned)",
+            "a'b",
+            "`id`",
+            "x; rm -rf /",
+            "'",
+            "\n",
+            "--",
+            "-oProxyCommand=x",
+        ] {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(format!("printf %s {}", quote(hostile)))
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8(out.stdout).unwrap(), hostile);
+        }
+    }
+
+    #[test]
+    fn the_destination_follows_the_end_of_options_marker() {
+        let t = SshTarget {
+            name: "h".into(),
+            host: "example".into(),
+            user: Some("u".into()),
+            port: Some(2222),
+            identity: None,
+            trust_new_host_keys: false,
+        };
+        let args: Vec<String> = t
+            .command(&["echo", "$HOME"])
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let dd = args.iter().position(|a| a == "--").unwrap();
+        assert_eq!(args[dd + 1], "example");
+        assert_eq!(args[dd + 2], "'echo' '$HOME'");
+        assert!(
+            args.contains(&"BatchMode=yes".to_string())
+                && args.contains(&"ConnectTimeout=5".to_string())
+        );
+    }
+}
