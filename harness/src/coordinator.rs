@@ -300,43 +300,40 @@ fn drive(
         }
 
         // Child exits, judged once the rank's line has closed too (so its last messages are in).
-        for i in 0..group.len() {
-            if ranks[i].exited.is_none() {
+        for (i, r) in ranks.iter_mut().enumerate() {
+            if r.exited.is_none() {
                 if let Some(status) = group.try_wait(i) {
-                    ranks[i].exited = Some(status.to_string());
+                    r.exited = Some(status.to_string());
                     // A rank that never joined has no line to wait for.
-                    if ranks[i].writer.is_none() {
-                        ranks[i].gone = true;
+                    if r.writer.is_none() {
+                        r.gone = true;
                     }
                 }
             }
-            let r = &mut ranks[i];
             if let (Some(status), true, false) = (&r.exited, r.gone, r.judged) {
                 r.judged = true;
-                let success = status == "exit status: 0";
-                let planned = r.faulted.is_some() || r.by_design || (r.done && success);
-                {
-                    let status = status.clone();
-                    if !planned {
-                        attempt.unexpected_exits.push(format!(
-                            "rank {i} ended ({status}) {}",
-                            match r.step {
-                                Some((s, _)) => format!(
-                                    "during step {s} ({})",
-                                    plan.steps.get(s).map(|x| x.name()).unwrap_or("?")
-                                ),
-                                None => "outside any step".to_string(),
-                            }
-                        ));
-                    }
+                let planned =
+                    r.faulted.is_some() || r.by_design || (r.done && status == "exit status: 0");
+                if !planned {
+                    let during = match r.step {
+                        Some((s, _)) => format!(
+                            "during step {s} ({})",
+                            plan.steps.get(s).map(|x| x.name()).unwrap_or("?")
+                        ),
+                        None => "outside any step".to_string(),
+                    };
+                    attempt
+                        .unexpected_exits
+                        .push(format!("rank {i} ended ({status}) {during}"));
                 }
             }
         }
 
-        // Finished: every rank exited, or was faulted (a stopped rank never exits by itself).
+        // Finished: every rank judged, or stopped by a fault (a frozen or killed host's rank
+        // never reports its own end).
         if ranks
             .iter()
-            .all(|r| r.judged || r.faulted == Some(FaultAction::Sigstop))
+            .all(|r| r.judged || r.faulted.is_some_and(|f| f.stops_the_rank()))
         {
             break;
         }

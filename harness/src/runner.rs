@@ -83,16 +83,16 @@ pub fn run(
             break;
         }
         progress.start(i, &loaded.scenario.name);
-        let result = run_scenario(
-            loaded,
-            &placement,
+        let cx = RunContext {
+            placement: &placement,
             profile,
-            &facts,
+            facts: &facts,
             opts,
             seed,
-            &dir,
-            &interrupted,
-        );
+            dir: &dir,
+            interrupted: &interrupted,
+        };
+        let result = run_scenario(loaded, &cx);
         progress.finish(i, &result);
         reporter.record(result, started.elapsed())?;
     }
@@ -127,16 +127,27 @@ pub fn run(
     Ok(if failed > 0 || was_interrupted { 1 } else { 0 })
 }
 
-fn run_scenario(
-    loaded: &Loaded,
-    placement: &Placement,
-    profile: &HostProfile,
-    facts: &HostFacts,
-    opts: &RunOptions,
+/// What every scenario of one run shares.
+struct RunContext<'a> {
+    placement: &'a Placement,
+    profile: &'a HostProfile,
+    facts: &'a HostFacts,
+    opts: &'a RunOptions,
     seed: u64,
-    dir: &Path,
-    interrupted: &AtomicBool,
-) -> ScenarioResult {
+    dir: &'a Path,
+    interrupted: &'a AtomicBool,
+}
+
+fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
+    let RunContext {
+        placement,
+        profile,
+        facts,
+        opts,
+        seed,
+        dir,
+        interrupted,
+    } = *cx;
     let s = &loaded.scenario;
     let started = Instant::now();
     let mut result = ScenarioResult {
