@@ -114,32 +114,13 @@ impl ContainerHosts {
             key,
             key_dir,
         };
-        for net in [&ctl_net, &data_net] {
-            docker(
-                &[
-                    "network", "create", "--driver", "bridge", "--label", &owner, net,
-                ],
-                T,
-            )?;
-        }
-        let gateway = docker(
-            &[
-                "network",
-                "inspect",
-                "-f",
-                "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
-                &ctl_net,
-            ],
-            T,
-        )?;
-        hosts.gateway = gateway
-            .parse()
-            .with_context(|| format!("gateway `{gateway}` of {ctl_net}"))?;
+        let ctl = create_network(&ctl_net, &owner)?;
+        let data = create_network(&data_net, &owner)?;
+        hosts.gateway = IpAddr::from([ctl[0], ctl[1], ctl[2], 1]);
         for i in 0..count {
             let name = format!("wringer-{run_id}-h{i}");
             let container = GenericImage::new(repo, tag)
                 .with_wait_for(WaitFor::message_on_stderr("Server listening"))
-                .with_network(ctl_net.clone())
                 .with_container_name(name.clone())
                 .with_hostname(format!("h{i}"))
                 .with_env_var("WRINGER_AUTHORIZED_KEY", public.clone())
@@ -148,9 +129,35 @@ impl ContainerHosts {
                 .with_startup_timeout(Duration::from_secs(60))
                 .start()
                 .with_context(|| format!("starting container {name}"))?;
-            docker(&["network", "connect", &data_net, &name], T)?;
-            let ctl_ip = ip_on(&name, &ctl_net)?;
-            let data_ip = ip_on(&name, &data_net)?;
+            // Fixed addresses on our two networks (kept across a restart), and off the default
+            // bridge, so the host can reach nothing else.
+            let (ctl_ip, data_ip) = (
+                IpAddr::from([ctl[0], ctl[1], ctl[2], 10 + i as u8]),
+                IpAddr::from([data[0], data[1], data[2], 10 + i as u8]),
+            );
+            docker(
+                &[
+                    "network",
+                    "connect",
+                    "--ip",
+                    &ctl_ip.to_string(),
+                    &ctl_net,
+                    &name,
+                ],
+                T,
+            )?;
+            docker(
+                &[
+                    "network",
+                    "connect",
+                    "--ip",
+                    &data_ip.to_string(),
+                    &data_net,
+                    &name,
+                ],
+                T,
+            )?;
+            docker(&["network", "disconnect", "bridge", &name], T)?;
             hosts.hosts.push(ContainerHost {
                 name,
                 container,
@@ -295,13 +302,6 @@ impl ContainerHosts {
     }
 }
 
-fn ip_on(container: &str, net: &str) -> Result<IpAddr> {
-    let fmt = format!("{{{{(index .NetworkSettings.Networks \"{net}\").IPAddress}}}}");
-    let ip = docker(&["inspect", "-f", &fmt, container], T)?;
-    ip.parse()
-        .with_context(|| format!("{container} has no address on {net} (`{ip}`)"))
-}
-
 impl Drop for ContainerHosts {
     fn drop(&mut self) {
         // Containers first (testcontainers removes them when dropped; `rm -f` catches any it
@@ -363,4 +363,29 @@ pub fn sweep_leftovers() {
             }
         }
     }
+}
+
+/// Create a bridge network with a /24 of its own from 10.213.0.0/16, skipping subnets that
+/// other networks on this machine already use. Returns the subnet's first three octets.
+fn create_network(name: &str, owner: &str) -> Result<[u8; 3]> {
+    let start = (std::process::id() as usize * 7 + name.len()) % 250;
+    let mut last = None;
+    for k in 0..250 {
+        let third = ((start + k) % 250) as u8;
+        let subnet = format!("10.213.{third}.0/24");
+        match docker(
+            &[
+                "network", "create", "--driver", "bridge", "--subnet", &subnet, "--label", owner,
+                name,
+            ],
+            T,
+        ) {
+            Ok(_) => return Ok([10, 213, third]),
+            Err(e) if e.to_string().contains("overlap") => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last
+        .unwrap_or_else(|| anyhow::anyhow!("no free subnet"))
+        .context(format!("creating network {name}")))
 }

@@ -219,6 +219,15 @@ fn drive(
                                 }
                             }
                         }
+                        // Let a rank that waits for its fault know it has been applied.
+                        if let Some(w) = ranks[r].writer.as_mut() {
+                            let _ = write_line(
+                                w,
+                                &CoordMsg::Release {
+                                    name: crate::rank::point_release(&name),
+                                },
+                            );
+                        }
                     }
                     RankMsg::Barrier { name, parties } => {
                         let arrived = barriers.entry(name.clone()).or_default();

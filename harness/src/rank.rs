@@ -38,12 +38,22 @@ impl Control {
         })
     }
 
+    /// Report a point and wait until the coordinator has applied whatever fault strikes there.
+    pub fn point_and_wait(&self, step: usize, name: &str, timeout: Duration) -> Result<()> {
+        self.point(step, name)?;
+        self.wait_release(&point_release(name), timeout)
+    }
+
     /// Wait until `parties` ranks have reached the barrier `name`.
     pub fn barrier(&self, name: &str, parties: u32, timeout: Duration) -> Result<()> {
         self.send(&RankMsg::Barrier {
             name: name.into(),
             parties,
         })?;
+        self.wait_release(name, timeout)
+    }
+
+    fn wait_release(&self, name: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if self
@@ -64,14 +74,19 @@ impl Control {
                         .insert(other);
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    bail!("barrier `{name}` not released within {timeout:?}")
+                    bail!("`{name}` not released within {timeout:?}")
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    bail!("coordinator went away during barrier `{name}`")
+                    bail!("the coordinator went away while we waited for `{name}`")
                 }
             }
         }
     }
+}
+
+/// The release the coordinator sends once it has handled a point.
+pub fn point_release(name: &str) -> String {
+    format!("point:{name}")
 }
 
 /// Everything a step needs to know about the run.

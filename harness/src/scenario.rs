@@ -108,6 +108,13 @@ pub enum Step {
     },
     /// Gloo's lazy-connect cases between rank 0 (listener) and rank 1 (initiator).
     LazyConnect { wait_timeout: Dur, deadline: Dur },
+    /// Rank 1 reports `partitioned` (where a link cut strikes), then lazily connects to rank 0:
+    /// both sides must fail within their deadlines instead of hanging.
+    LazyConnectPartition {
+        wait_timeout: Dur,
+        connect_deadline: Dur,
+        deadline: Dur,
+    },
     /// Full-mesh lazy connect and a first exchange, with one rank exiting before it.
     ExitBeforeFirstExchange {
         exiting_rank: u32,
@@ -133,6 +140,7 @@ impl Step {
             Step::ReceiverError { .. } => "receiver-error",
             Step::PeerDeath { .. } => "peer-death",
             Step::LazyConnect { .. } => "lazy-connect",
+            Step::LazyConnectPartition { .. } => "lazy-connect-partition",
             Step::ExitBeforeFirstExchange { .. } => "exit-before-first-exchange",
             Step::Pingpong { .. } => "pingpong",
             Step::Stall { .. } => "stall",
@@ -147,6 +155,7 @@ impl Step {
             | Step::ReceiverError { deadline }
             | Step::PeerDeath { deadline, .. }
             | Step::LazyConnect { deadline, .. }
+            | Step::LazyConnectPartition { deadline, .. }
             | Step::ExitBeforeFirstExchange { deadline, .. }
             | Step::Pingpong { deadline, .. }
             | Step::Stall { deadline, .. } => *deadline,
@@ -191,6 +200,12 @@ impl Step {
                 ShutdownWaitersFailed,
                 ShutdownReleaseMs,
             ],
+            Step::LazyConnectPartition { .. } => &[
+                ListenerTimeoutFired,
+                ListenerTimeoutMs,
+                InitiatorConnectFailed,
+                ConnectFailMs,
+            ],
             Step::Pingpong { .. } => &[PairsVerified, DataMismatches],
             Step::Stall { .. } => &[],
         }
@@ -227,6 +242,8 @@ pub enum Metric {
     ShutdownReleaseMs,
     PairsVerified,
     DataMismatches,
+    InitiatorConnectFailed,
+    ConnectFailMs,
 }
 
 impl Metric {

@@ -210,3 +210,51 @@ fn listener_side(
     b("done")?;
     Ok(())
 }
+
+/// A partition during a lazy connect: the initiator's host loses its data link just before it
+/// connects. The listener's wait must time out once, on time; the initiator's connect must give
+/// up at its deadline.
+pub fn partition(
+    ctx: &Ctx,
+    step: usize,
+    wait: Duration,
+    connect_deadline: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    let m = &mut report.metrics;
+    match ctx.rank {
+        0 => {
+            let started = Instant::now();
+            let r = ctx.listener.wait_for(seq(step, 0), wait);
+            m.insert(
+                "listener_timeout_fired".into(),
+                matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
+            );
+            m.insert(
+                "listener_timeout_ms".into(),
+                started.elapsed().as_secs_f64() * 1e3,
+            );
+            report
+                .notes
+                .push(format!("listener wait across the partition: {:?}", r.err()));
+        }
+        1 => {
+            ctx.control.point_and_wait(step, "partitioned", deadline)?;
+            let started = Instant::now();
+            let r = initiate(ctx, step, 0, 0, connect_deadline);
+            let failed = r.is_err();
+            m.insert("initiator_connect_failed".into(), failed as u8 as f64);
+            m.insert(
+                "connect_fail_ms".into(),
+                started.elapsed().as_secs_f64() * 1e3,
+            );
+            report.notes.push(format!(
+                "initiator connect across the partition: {:?}",
+                r.err()
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -68,6 +68,18 @@ pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
         Step::LazyConnect { wait_timeout, .. } => {
             lazy::run(ctx, index, wait_timeout.0, deadline, &mut report)?
         }
+        Step::LazyConnectPartition {
+            wait_timeout,
+            connect_deadline,
+            ..
+        } => lazy::partition(
+            ctx,
+            index,
+            wait_timeout.0,
+            connect_deadline.0,
+            deadline,
+            &mut report,
+        )?,
         Step::Pingpong {
             sizes, iterations, ..
         } => pingpong::run(ctx, index, sizes, *iterations, deadline, &mut report)?,

@@ -19,6 +19,8 @@ pub fn run(
     report: &mut StepReport,
 ) -> Result<()> {
     let conns = mesh(ctx, step, deadline)?;
+    // Faults that shape the data phase (a rate limit) strike here, before any data moves.
+    ctx.control.point_and_wait(step, "mesh-ready", deadline)?;
     let mut samples: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     let (mut pairs_verified, mut mismatches) = (0u32, 0u32);
     for partner in schedule(ctx.rank, ctx.ranks) {
