@@ -34,9 +34,18 @@ nightly hosts="": (apt "sockperf" "iperf3")
     echo "nightly: $run, page reports/site/index.html"
     exit $status
 
-# Parse and check every scenario and host file.
+# Parse and check every scenario and the runnable host profiles (the example pair inventories hold placeholders on purpose).
 validate:
-    cargo run -q -p harness -- validate scenarios hosts
+    cargo run -q -p harness -- validate scenarios hosts/local.yaml hosts/containers.yaml
+
+# Build the container test-host image locally (debootstrap + docker import; no registry needed). Idempotent.
+setup-containers: (apt "debootstrap" "openssh-client")
+    bash hosts/image/build.sh wringer-host:bookworm
+
+# The cross-host scenarios against an inventory over SSH (default: three local container hosts).
+test-xhost hosts="hosts/containers.yaml" *args="": (apt "openssh-client")
+    if grep -q '^kind: containers' {{hosts}}; then just setup-containers; fi
+    cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter xhost {{args}}
 
 # Our transport and coordinator against sockperf and iperf3 in one run (ratio table in reports/bench/), then the criterion benches.
 bench seconds="3": (apt "sockperf" "iperf3")

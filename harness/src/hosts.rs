@@ -192,7 +192,13 @@ enum Charset {
 fn placeholder(path: &Path, field: &str, v: &Spanned<String>) -> Result<(), InputError> {
     let s = &v.value;
     if s.contains('<') || s.contains('>') || s.contains("PLACEHOLDER") || s.contains("CHANGE-ME") {
-        return Err(located(path, &v.referenced, format!("`{field}` is still the placeholder `{s}`: put this host's real value there before running")));
+        return Err(located(
+            path,
+            &v.referenced,
+            format!(
+                "`{field}` is still the placeholder `{s}`: put the real value there before running"
+            ),
+        ));
     }
     Ok(())
 }

@@ -48,10 +48,11 @@ enum Command {
         #[arg(long, default_value = "hosts/local.yaml")]
         hosts: PathBuf,
     },
-    /// Show what each host of the profile has.
+    /// Show what each host of the profile has (probed on the host itself, over SSH for remote
+    /// profiles). Without --hosts: this machine.
     Probe {
-        #[arg(long, default_value = "hosts/local.yaml")]
-        hosts: PathBuf,
+        #[arg(long)]
+        hosts: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -124,7 +125,7 @@ fn main() -> ExitCode {
                 seed,
                 strict,
             };
-            runner::run(scenarios, &profile, probe::local(), &opts)
+            runner::run(scenarios, &profile, &opts)
         })(),
         Command::List { paths, hosts } => (|| {
             let profile = hosts::load(&hosts)?;
@@ -154,12 +155,23 @@ fn main() -> ExitCode {
             Ok(0)
         })(),
         Command::Probe { hosts, json } => (|| {
-            let profile = hosts::load(&hosts)?;
-            let facts = probe::local();
-            if json {
+            let (name, facts) = match hosts {
+                None => ("this machine".to_string(), vec![probe::local()]),
+                Some(file) => {
+                    let profile = hosts::load(&file)?;
+                    let run_id = format!("probe-{}", std::process::id());
+                    let placement = harness::placement::prepare(&profile, &run_id)?;
+                    (profile.name.clone(), harness::placement::facts(&placement)?)
+                }
+            };
+            if json && facts.len() == 1 {
+                println!("{}", serde_json::to_string_pretty(&facts[0])?);
+            } else if json {
                 println!("{}", serde_json::to_string_pretty(&facts)?);
             } else {
-                print_facts(&profile.name, &facts);
+                for f in &facts {
+                    print_facts(&name, f);
+                }
             }
             Ok(0)
         })(),

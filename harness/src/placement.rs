@@ -99,3 +99,20 @@ fn shellexpand_home(p: &str) -> String {
         _ => p.to_string(),
     }
 }
+
+/// What each host of a placement has: probed where it runs (`wringer probe --json` over SSH).
+pub fn facts(placement: &Placement) -> Result<Vec<crate::probe::HostFacts>> {
+    match placement {
+        Placement::Local => Ok(vec![crate::probe::local()]),
+        Placement::Remote { hosts, .. } => hosts
+            .iter()
+            .map(|h| {
+                let json = h
+                    .target
+                    .check(&[&h.exe, "probe", "--json"], Duration::from_secs(30))?;
+                serde_json::from_str(&json)
+                    .with_context(|| format!("{}: unreadable probe output", h.target.name))
+            })
+            .collect(),
+    }
+}

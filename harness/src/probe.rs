@@ -32,20 +32,20 @@ impl fmt::Display for SkipReason {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RdmaPort {
     pub port: u32,
     pub state: String,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RdmaDevice {
     pub name: String,
     pub rxe: bool,
     pub ports: Vec<RdmaPort>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostFacts {
     pub host: String,
     pub kernel: String,

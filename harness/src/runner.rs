@@ -28,12 +28,7 @@ pub struct RunOptions {
 }
 
 /// Run the scenarios; returns the process exit code (0 pass/skip, 1 any failure).
-pub fn run(
-    scenarios: Vec<Loaded>,
-    profile: &HostProfile,
-    facts: HostFacts,
-    opts: &RunOptions,
-) -> Result<i32> {
+pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, opts: &RunOptions) -> Result<i32> {
     let started = Instant::now();
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -44,19 +39,9 @@ pub fn run(
         .report_dir
         .clone()
         .unwrap_or_else(|| Path::new("reports").join(&run_id));
-    let meta = RunMeta {
-        run_id: run_id.clone(),
-        wringer_version: env!("CARGO_PKG_VERSION"),
-        host_profile: profile.name.clone(),
-        seed,
-        hosts: vec![facts.clone()],
-        started_unix: now.as_secs(),
-    };
-    let mut reporter = Reporter::create(&dir, meta)?;
     let interrupted = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupted))?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&interrupted))?;
-
     let selected: Vec<&Loaded> = scenarios
         .iter()
         .filter(|s| {
@@ -65,12 +50,23 @@ pub fn run(
                 .is_none_or(|f| s.scenario.name.contains(f))
         })
         .collect();
-    // Hosts come up once per run (containers started, the binary deployed over SSH).
+    // Hosts come up once per run (containers started, the binary deployed over SSH), and are
+    // probed where they are.
     let placement = if selected.is_empty() {
         Placement::Local
     } else {
         crate::placement::prepare(profile, &run_id)?
     };
+    let facts = crate::placement::facts(&placement)?;
+    let meta = RunMeta {
+        run_id: run_id.clone(),
+        wringer_version: env!("CARGO_PKG_VERSION"),
+        host_profile: profile.name.clone(),
+        seed,
+        hosts: facts.clone(),
+        started_unix: now.as_secs(),
+    };
+    let mut reporter = Reporter::create(&dir, meta)?;
     let progress = Progress::new(selected.len());
     println!(
         "wringer run {run_id}: {} scenarios on `{}`, report in {}",
@@ -131,7 +127,7 @@ pub fn run(
 struct RunContext<'a> {
     placement: &'a Placement,
     profile: &'a HostProfile,
-    facts: &'a HostFacts,
+    facts: &'a [HostFacts],
     opts: &'a RunOptions,
     seed: u64,
     dir: &'a Path,
@@ -173,7 +169,14 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
         }
     }
     for req in &s.requires {
-        if let Err(reason) = facts.check(*req, profile) {
+        // Every host must meet a requirement; the first that does not gives the reason.
+        let unmet = facts
+            .iter()
+            .find_map(|f| f.check(*req, profile).err().map(|r| (f.host.clone(), r)));
+        if let Some((host, mut reason)) = unmet {
+            if facts.len() > 1 {
+                reason.detail = format!("on {host}: {}", reason.detail);
+            }
             let required = opts.strict || profile.must_have.contains(req);
             result.verdict = if required {
                 Verdict::Fail

@@ -298,3 +298,145 @@ fn rendezvous_connection_with_a_wrong_token_is_rejected() {
     assert_eq!(s["verdict"], "pass");
     assert_eq!(s["evidence"]["rejected_rendezvous_connections"], 1);
 }
+
+fn write_inventory(tag: &str, body: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wringer-inv-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("inventory.yaml");
+    std::fs::write(&f, body).unwrap();
+    f
+}
+
+#[test]
+fn placeholder_inventories_are_refused_before_any_connection() {
+    for inv in [
+        "hosts/dgx-spark-pair.yaml",
+        "hosts/a100-pair.yaml",
+        "hosts/mi300x-pair.yaml",
+    ] {
+        let started = Instant::now();
+        let out = run_to_end(wringer(
+            &marker(),
+            &[
+                "run",
+                "--hosts",
+                inv,
+                "--report-dir",
+                report_dir("placeholder").to_str().unwrap(),
+            ],
+        ));
+        assert_eq!(out.status.code(), Some(2), "{inv}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{inv}:")) && err.contains("placeholder"),
+            "{inv}: {err}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{inv}: took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            run_to_end(wringer(&marker(), &["validate", inv]))
+                .status
+                .code(),
+            Some(2)
+        );
+    }
+}
+
+/// Values that would become ssh options or remote shell syntax are refused at load time, and
+/// nothing they say is executed.
+#[test]
+fn hostile_inventory_values_are_refused_and_never_run() {
+    let canary = std::env::temp_dir().join(format!("wringer-pwned-{}", std::process::id()));
+    let hostile = [
+        (
+            "user",
+            format!(
+                "ssh: {{ host: 127.0.0.1, user: \"-oProxyCommand=touch {}\" }}",
+                canary.display()
+            ),
+        ),
+        (
+            "host",
+            format!("ssh: {{ host: \"$(touch {})\" }}", canary.display()),
+        ),
+        (
+            "host-option",
+            "ssh: { host: \"-oProxyCommand=id\" }".to_string(),
+        ),
+        (
+            "identity",
+            format!(
+                "ssh: {{ host: 127.0.0.1, identity: \"/tmp/k; touch {}\" }}",
+                canary.display()
+            ),
+        ),
+    ];
+    for (field, ssh) in hostile {
+        let body = format!(
+            "name: hostile\ndescription: d\nkind: ssh\ncoordinator_addr: 127.0.0.1\nhosts:\n  - name: h\n    {ssh}\n    data_addr: 127.0.0.1\n"
+        );
+        let inv = write_inventory(field, &body);
+        let out = run_to_end(wringer(
+            &marker(),
+            &[
+                "run",
+                "scenarios/tcp-exact-reads.yaml",
+                "--hosts",
+                inv.to_str().unwrap(),
+            ],
+        ));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{field}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is not allowed") && err.contains(":7:"),
+            "{field}: {err}"
+        );
+        assert!(!canary.exists(), "{field}: a hostile value was executed");
+    }
+}
+
+/// A host that does not answer is a clear failure (exit 1, names the host), never a hang.
+/// Loopback with a closed port: nothing leaves this machine.
+#[test]
+fn unreachable_host_fails_fast_with_a_clear_message() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let body = format!(
+        "name: unreachable\ndescription: d\nkind: ssh\ncoordinator_addr: 127.0.0.1\nhosts:\n  - name: gone\n    ssh: {{ host: 127.0.0.1, port: {port} }}\n    data_addr: 127.0.0.1\n  - name: gone-too\n    ssh: {{ host: 127.0.0.1, port: {port} }}\n    data_addr: 127.0.0.1\n"
+    );
+    let inv = write_inventory("unreachable", &body);
+    let started = Instant::now();
+    let out = run_to_end(wringer(
+        &marker(),
+        &[
+            "run",
+            "scenarios/tcp-exact-reads.yaml",
+            "--hosts",
+            inv.to_str().unwrap(),
+            "--report-dir",
+            report_dir("unreachable").to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("reaching gone over SSH") && err.contains("ssh could not connect"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+}
