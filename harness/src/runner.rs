@@ -158,16 +158,6 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
         latency: BTreeMap::new(),
         evidence: Evidence::default(),
     };
-    if placement.containers().is_none() {
-        if let Some(f) = s.faults.iter().find(|f| f.value.action.is_host_level()) {
-            result.verdict = Verdict::Skip;
-            result.reason = Some(format!(
-                "no-host-control: the {:?} fault acts on a whole host, which only the containers profile can do (`{}` is {:?})",
-                f.value.action, profile.name, profile.kind
-            ));
-            return result;
-        }
-    }
     for req in &s.requires {
         // Every host must meet a requirement; the first that does not gives the reason.
         let unmet = facts
@@ -193,6 +183,16 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
             } else {
                 reason.to_string()
             });
+            return result;
+        }
+    }
+    if placement.containers().is_none() {
+        if let Some(f) = s.faults.iter().find(|f| f.value.action.is_host_level()) {
+            result.verdict = Verdict::Skip;
+            result.reason = Some(format!(
+                "no-host-control: the {:?} fault acts on a whole host, which only the containers profile can do (`{}` is {:?})",
+                f.value.action, profile.name, profile.kind
+            ));
             return result;
         }
     }
