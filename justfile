@@ -6,8 +6,8 @@ default:
 
 # Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
 test: (apt "chromium")
-    cargo nextest run --workspace --profile ci
-    cargo clippy --workspace --all-targets -- -D warnings
+    cargo nextest run --workspace --all-features --profile ci
+    cargo clippy --workspace --all-targets --all-features -- -D warnings
     cargo fmt --all --check
 
 # The main job: build in release and run every scenario this machine can run (loopback by default).

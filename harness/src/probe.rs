@@ -154,35 +154,37 @@ fn read_trim(path: impl AsRef<Path>) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// RDMA devices as the transport's discovery sees them (one reading of sysfs for both).
 fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
-    let root = Path::new("/sys/class/infiniband");
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return (
-            vec![],
-            Some("/sys/class/infiniband is absent (the kernel has no RDMA support loaded)".into()),
-        );
-    };
-    let mut devices = vec![];
-    for dev in entries.flatten() {
-        let name = dev.file_name().to_string_lossy().into_owned();
-        let mut ports = vec![];
-        if let Ok(ps) = std::fs::read_dir(dev.path().join("ports")) {
-            for p in ps.flatten() {
-                let port = p.file_name().to_string_lossy().parse().unwrap_or(0);
-                let state = read_trim(p.path().join("state")).unwrap_or_default();
-                ports.push(RdmaPort { port, state });
-            }
+    use transport::rdma::discovery::{discover, DiscoveryError, PortState};
+    match discover(Path::new("/sys")) {
+        Ok(devices) => {
+            let devices = devices
+                .into_iter()
+                .map(|d| RdmaDevice {
+                    rxe: d.is_rxe(),
+                    ports: d
+                        .ports
+                        .iter()
+                        .map(|p| RdmaPort {
+                            port: p.number,
+                            state: match p.state {
+                                PortState::Active => "ACTIVE".into(),
+                                PortState::Down => "DOWN".into(),
+                                PortState::Init => "INIT".into(),
+                                PortState::Armed => "ARMED".into(),
+                                PortState::Other(n) => format!("state {n}"),
+                            },
+                        })
+                        .collect(),
+                    name: d.name,
+                })
+                .collect();
+            (devices, None)
         }
-        ports.sort_by_key(|p| p.port);
-        let rxe = name.starts_with("rxe")
-            || read_trim(dev.path().join("node_desc")).is_some_and(|d| d.contains("rxe"));
-        devices.push(RdmaDevice { name, rxe, ports });
+        Err(DiscoveryError::NoRdma(why)) => (vec![], Some(why)),
+        Err(e) => (vec![], Some(e.to_string())),
     }
-    devices.sort_by(|a, b| a.name.cmp(&b.name));
-    let absent = devices
-        .is_empty()
-        .then(|| "/sys/class/infiniband has no devices".to_string());
-    (devices, absent)
 }
 
 fn nvidia_gpus() -> Vec<String> {

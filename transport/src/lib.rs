@@ -8,6 +8,8 @@
 
 pub mod error;
 pub mod frame;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod stream;
 
 mod conn;
