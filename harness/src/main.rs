@@ -145,7 +145,7 @@ fn main() -> ExitCode {
                     None => "runnable".to_string(),
                     Some(reason) => format!("skip ({reason})"),
                 };
-                println!(
+                harness::say!(
                     "{:<42} ranks={:<3} requires=[{}]  {verdict}",
                     s.name,
                     s.ranks.value,
@@ -165,9 +165,9 @@ fn main() -> ExitCode {
                 }
             };
             if json && facts.len() == 1 {
-                println!("{}", serde_json::to_string_pretty(&facts[0])?);
+                harness::say!("{}", serde_json::to_string_pretty(&facts[0])?);
             } else if json {
-                println!("{}", serde_json::to_string_pretty(&facts)?);
+                harness::say!("{}", serde_json::to_string_pretty(&facts)?);
             } else {
                 for f in &facts {
                     print_facts(&name, f);
@@ -187,9 +187,9 @@ fn main() -> ExitCode {
                 ranks,
             };
             let report = harness::bench::run(&opts)?;
-            print!("{}", harness::bench::markdown(&report));
+            harness::say!("{}", harness::bench::markdown(&report).trim_end());
             harness::bench::write(&report, &out)?;
-            println!("written: {}/bench.json, bench.md", out.display());
+            harness::say!("written: {}/bench.json, bench.md", out.display());
             Ok(0)
         })(),
         Command::Report {
@@ -205,7 +205,7 @@ fn main() -> ExitCode {
                 threshold,
             };
             let page = harness::site::write(&opts)?;
-            println!("report: {}", page.display());
+            harness::say!("report: {}", page.display());
             Ok(0)
         })(),
         Command::Rank {
@@ -272,7 +272,7 @@ fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
             scenario::load(f).map(|_| ())
         };
         match result {
-            Ok(()) => println!("ok   {}", f.display()),
+            Ok(()) => harness::say!("ok   {}", f.display()),
             Err(e) => {
                 bad += 1;
                 eprintln!("error: {e}");
@@ -283,11 +283,11 @@ fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
 }
 
 fn print_facts(profile: &str, f: &probe::HostFacts) {
-    println!("host profile: {profile}");
-    println!("host:    {} (kernel {})", f.host, f.kernel);
-    println!("root:    {}", f.root);
+    harness::say!("host profile: {profile}");
+    harness::say!("host:    {} (kernel {})", f.host, f.kernel);
+    harness::say!("root:    {}", f.root);
     match &f.rdma_absent {
-        Some(why) => println!("rdma:    none ({why})"),
+        Some(why) => harness::say!("rdma:    none ({why})"),
         None => {
             for d in &f.rdma_devices {
                 let ports: Vec<String> = d
@@ -295,7 +295,7 @@ fn print_facts(profile: &str, f: &probe::HostFacts) {
                     .iter()
                     .map(|p| format!("port {} {}", p.port, p.state))
                     .collect();
-                println!(
+                harness::say!(
                     "rdma:    {}{} [{}]",
                     d.name,
                     if d.rxe { " (rxe)" } else { "" },
@@ -305,7 +305,7 @@ fn print_facts(profile: &str, f: &probe::HostFacts) {
         }
     }
     if f.gpus.is_empty() {
-        println!(
+        harness::say!(
             "gpu:     none{}",
             if f.amd_kfd {
                 " (AMD /dev/kfd present; ROCm not supported yet)"
@@ -314,10 +314,10 @@ fn print_facts(profile: &str, f: &probe::HostFacts) {
             }
         );
     } else {
-        println!("gpu:     {}", f.gpus.join(", "));
+        harness::say!("gpu:     {}", f.gpus.join(", "));
     }
-    println!("netns:   {}", f.netns);
-    println!("docker:  {}", f.docker);
-    println!("vm:      {} (virtme-ng + qemu)", f.vm);
-    println!("gdb:     {}", f.gdb);
+    harness::say!("netns:   {}", f.netns);
+    harness::say!("docker:  {}", f.docker);
+    harness::say!("vm:      {} (virtme-ng + qemu)", f.vm);
+    harness::say!("gdb:     {}", f.gdb);
 }

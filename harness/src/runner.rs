@@ -68,7 +68,7 @@ pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, opts: &RunOptions) -> 
     };
     let mut reporter = Reporter::create(&dir, meta)?;
     let progress = Progress::new(selected.len());
-    println!(
+    crate::say!(
         "wringer run {run_id}: {} scenarios on `{}`, report in {}",
         selected.len(),
         profile.name,
@@ -110,7 +110,7 @@ pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, opts: &RunOptions) -> 
         .iter()
         .filter(|r| r.verdict == Verdict::Skip)
         .count();
-    println!(
+    crate::say!(
         "{passed} passed, {failed} failed, {skipped} skipped in {:.1} s{}; report: {}",
         started.elapsed().as_secs_f64(),
         if was_interrupted {
@@ -366,7 +366,7 @@ impl Progress {
     fn start(&self, i: usize, name: &str) {
         match &self.bar {
             Some(b) => b.set_message(name.to_string()),
-            None => println!("[{}/{}] {name} ...", i + 1, self.total),
+            None => crate::say!("[{}/{}] {name} ...", i + 1, self.total),
         }
     }
 
@@ -392,7 +392,7 @@ impl Progress {
                 b.println(line);
                 b.inc(1);
             }
-            None => println!("{line}"),
+            None => crate::say!("{line}"),
         }
     }
 
