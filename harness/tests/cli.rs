@@ -445,7 +445,13 @@ fn unreachable_host_fails_fast_with_a_clear_message() {
 #[test]
 fn a_closed_stdout_is_not_a_panic() {
     for args in [&["list"][..], &["probe"][..]] {
-        let mut child = Command::new(WRINGER).args(args).current_dir(workspace()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut child = Command::new(WRINGER)
+            .args(args)
+            .current_dir(workspace())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         drop(child.stdout.take());
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -207,7 +207,16 @@ pub fn regressions(history: &[HistoryEntry], threshold: f64) -> Vec<Regression> 
             let higher_is_better = name.contains("Gbit/s");
             let change = (latest - baseline) / baseline;
             let worse = if higher_is_better { -change } else { change };
-            if worse > threshold {
+            // Relative change alone flags noise on tiny values (4 ms -> 20 ms is +400%), so a
+            // regression must also be worse by an absolute amount that matters for its unit.
+            let floor = if name.ends_with("duration s") {
+                0.25
+            } else if name.ends_with("µs") {
+                5.0
+            } else {
+                0.5
+            };
+            if worse > threshold && (latest - baseline).abs() >= floor {
                 out.push(Regression {
                     profile: profile.to_string(),
                     series: name,
