@@ -284,7 +284,7 @@ mod tests {
         ];
         assert!(regressions(&steady, 0.2).is_empty());
         let mut worse = steady.clone();
-        worse.push(entry("d", 4, 15.0, 12.0));
+        worse.push(entry("d", 4, 20.0, 12.0));
         let flagged: Vec<String> = regressions(&worse, 0.2)
             .into_iter()
             .map(|r| r.series)
