@@ -321,46 +321,30 @@ impl Drop for ContainerHosts {
 /// Remove containers and networks that a coordinator which no longer exists left behind (a
 /// crash or SIGKILL skips `Drop`). Each carries its coordinator's PID as a label.
 pub fn sweep_leftovers() {
+    sweep(&["ps", "-a"], &["rm", "-f"]);
+    sweep(&["network", "ls"], &["network", "rm"]);
+}
+
+/// List objects labelled with a coordinator PID (`list` + filter + format) and remove (`remove`
+/// + id) those whose coordinator is gone.
+fn sweep(list: &[&str], remove: &[&str]) {
     let dead = |pid: &str| {
         pid.parse::<u32>()
             .is_ok_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
     };
-    if let Ok(rows) = docker(
-        &[
-            "ps",
-            "-a",
-            "--filter",
-            "label=wringer.pid",
-            "--format",
-            "{{.ID}} {{.Label \"wringer.pid\"}}",
-        ],
-        T,
-    ) {
-        for row in rows.lines() {
-            if let Some((id, pid)) = row.split_once(' ') {
-                if dead(pid) {
-                    let _ = docker(&["rm", "-f", id], T);
-                }
-            }
-        }
-    }
-    if let Ok(rows) = docker(
-        &[
-            "network",
-            "ls",
-            "--filter",
-            "label=wringer.pid",
-            "--format",
-            "{{.ID}} {{.Label \"wringer.pid\"}}",
-        ],
-        T,
-    ) {
-        for row in rows.lines() {
-            if let Some((id, pid)) = row.split_once(' ') {
-                if dead(pid) {
-                    let _ = docker(&["network", "rm", id], T);
-                }
-            }
+    let mut args = list.to_vec();
+    args.extend([
+        "--filter",
+        "label=wringer.pid",
+        "--format",
+        "{{.ID}} {{.Label \"wringer.pid\"}}",
+    ]);
+    let Ok(rows) = docker(&args, T) else { return };
+    for (id, pid) in rows.lines().filter_map(|r| r.split_once(' ')) {
+        if dead(pid) {
+            let mut rm = remove.to_vec();
+            rm.push(id);
+            let _ = docker(&rm, T);
         }
     }
 }

@@ -232,32 +232,48 @@ fn num(v: f64) -> String {
     }
 }
 
+/// A row as text cells, shared by the Markdown table and the HTML report.
+pub struct Cells {
+    pub ours: String,
+    pub reference: String,
+    pub ratio: String,
+    /// The goal and whether it was met (`None`: not measurable in this run).
+    pub goal: Option<(String, Option<bool>)>,
+}
+
+impl Row {
+    pub fn cells(&self) -> Cells {
+        let dash = || "–".to_string();
+        Cells {
+            ours: self
+                .ours
+                .map(|v| format!("{} {}", num(v), self.unit))
+                .unwrap_or_else(dash),
+            reference: match (self.reference, &self.tool, &self.skipped) {
+                (Some(v), Some(t), _) => format!("{} {} ({t})", num(v), self.unit),
+                (_, _, Some(why)) => format!("skipped: {why}"),
+                _ => dash(),
+            },
+            ratio: self.ratio.map(|v| format!("{v:.2}")).unwrap_or_else(dash),
+            goal: self.goal.clone().map(|g| (g, self.met)),
+        }
+    }
+}
+
 pub fn markdown(r: &BenchReport) -> String {
     let mut s =
         String::from("| measure | wringer | reference | ratio | goal |\n|---|---|---|---|---|\n");
     for row in &r.rows {
-        let ours = row
-            .ours
-            .map(|v| format!("{} {}", num(v), row.unit))
-            .unwrap_or_else(|| "–".into());
-        let theirs = match (row.reference, &row.tool, &row.skipped) {
-            (Some(v), Some(t), _) => format!("{} {} ({t})", num(v), row.unit),
-            (_, _, Some(why)) => format!("skipped: {why}"),
-            _ => "–".into(),
-        };
-        let ratio = row
-            .ratio
-            .map(|v| format!("{v:.2}"))
-            .unwrap_or_else(|| "–".into());
-        let goal = match (&row.goal, row.met) {
-            (Some(g), Some(true)) => format!("{g} ✅"),
-            (Some(g), Some(false)) => format!("{g} ❌ missed"),
-            (Some(g), None) => g.clone(),
-            _ => String::new(),
+        let c = row.cells();
+        let goal = match c.goal {
+            Some((g, Some(true))) => format!("{g} ✅"),
+            Some((g, Some(false))) => format!("{g} ❌ missed"),
+            Some((g, None)) => g,
+            None => String::new(),
         };
         s.push_str(&format!(
-            "| {} | {ours} | {theirs} | {ratio} | {goal} |\n",
-            row.measure
+            "| {} | {} | {} | {} | {goal} |\n",
+            row.measure, c.ours, c.reference, c.ratio
         ));
     }
     s

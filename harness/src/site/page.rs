@@ -233,33 +233,22 @@ fn bench(h: &mut String, runs: &[Run]) {
         any = true;
         let _ = write!(h, "<h3>{} ({} s per measure)</h3><table class=\"bench\"><tr><th>measure</th><th>wringer</th><th>reference</th><th>ratio</th><th>goal</th></tr>", e(&r.host_profile), b.seconds_per_measure);
         for row in &b.rows {
-            let ours = row
-                .ours
-                .map(|v| format!("{} {}", number(v), row.unit))
-                .unwrap_or_else(|| "–".into());
-            let theirs = match (row.reference, &row.tool, &row.skipped) {
-                (Some(v), Some(t), _) => format!("{} {} ({t})", number(v), row.unit),
-                (_, _, Some(why)) => format!("skipped: {why}"),
-                _ => "–".into(),
-            };
-            let ratio = row
-                .ratio
-                .map(|v| format!("{v:.2}"))
-                .unwrap_or_else(|| "–".into());
-            let goal = match (&row.goal, row.met) {
-                (Some(g), Some(true)) => format!("{g} met"),
-                (Some(g), Some(false)) => {
-                    format!("<span class=\"regression\">{} missed</span>", e(g))
+            let c = row.cells();
+            let goal = match c.goal {
+                Some((g, Some(true))) => format!("{} met", e(&g)),
+                Some((g, Some(false))) => {
+                    format!("<span class=\"regression\">{} missed</span>", e(&g))
                 }
-                (Some(g), None) => e(g),
-                _ => String::new(),
+                Some((g, None)) => e(&g),
+                None => String::new(),
             };
             let _ = write!(
                 h,
-                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{ratio}</td><td>{goal}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{goal}</td></tr>",
                 e(&row.measure),
-                e(&ours),
-                e(&theirs)
+                e(&c.ours),
+                e(&c.reference),
+                e(&c.ratio)
             );
         }
         h.push_str("</table>");
