@@ -5,17 +5,17 @@ default:
     @just --list
 
 # Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
-test: (apt "chromium")
+test: build-deps (apt "chromium")
     cargo nextest run --workspace --all-features --profile ci
     cargo clippy --workspace --all-targets --all-features -- -D warnings
     cargo fmt --all --check
 
 # The main job: build in release and run every scenario this machine can run (loopback by default).
-test-local hosts="hosts/local.yaml" *args="":
+test-local hosts="hosts/local.yaml" *args="": build-deps
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
 
 # The nightly job: test-local (and the scenarios against an inventory, when given), the benchmarks, then the HTML report with history in reports/site/.
-nightly hosts="": (apt "sockperf" "iperf3")
+nightly hosts="": build-deps (apt "sockperf" "iperf3")
     #!/usr/bin/env bash
     set -uo pipefail
     run="reports/nightly-$(date -u +%Y%m%d-%H%M%S)"
@@ -43,12 +43,12 @@ setup-containers: (apt "debootstrap" "openssh-client")
     bash hosts/image/build.sh wringer-host:bookworm
 
 # The cross-host scenarios against an inventory over SSH (default: three local container hosts).
-test-xhost hosts="hosts/containers.yaml" *args="": (apt "openssh-client")
+test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client")
     if grep -q '^kind: containers' {{hosts}}; then just setup-containers; fi
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter xhost {{args}}
 
 # Our transport and coordinator against sockperf and iperf3 in one run (ratio table in reports/bench/), then the criterion benches.
-bench seconds="3": (apt "sockperf" "iperf3")
+bench seconds="3": build-deps (apt "sockperf" "iperf3")
     cargo run --release -q -p harness --bin wringer -- bench --seconds {{seconds}} --out reports/bench
     cargo bench -p transport --bench frame --bench tcp
 
@@ -56,6 +56,10 @@ bench seconds="3": (apt "sockperf" "iperf3")
 fuzz seconds="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
     cd transport/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame_decoder -- -max_total_time={{seconds}}
+
+# What the build needs beyond Rust: the RDMA binding (sideway) builds a small rdma-core shim with cmake and bindgen (libclang).
+[private]
+build-deps: (apt "cmake" "clang")
 
 # Install the Debian packages among these that are missing (as root, or through sudo).
 [private]

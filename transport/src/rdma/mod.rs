@@ -6,3 +6,4 @@
 
 pub mod discovery;
 pub mod interfaces;
+pub mod rc;
