@@ -29,8 +29,37 @@ pub struct HostProfile {
     /// listens there).
     #[serde(default)]
     pub coordinator_addr: Option<Spanned<String>>,
+    /// `rxe-vm` profiles: the VM.
+    #[serde(default)]
+    pub vm: Option<VmSpec>,
     #[serde(skip)]
     pub file: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// The kernel to boot (`just setup-rxe` unpacks Debian's).
+    pub kernel: PathBuf,
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    #[serde(default = "default_cpus")]
+    pub cpus: u32,
+    /// How many rxe devices to create, each on its own veth (10.213.N.1/24).
+    #[serde(default = "one")]
+    pub rxe_devices: u32,
+}
+
+fn default_memory() -> String {
+    "2G".into()
+}
+
+fn default_cpus() -> u32 {
+    2
+}
+
+fn one() -> u32 {
+    1
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -42,6 +71,9 @@ pub enum ProfileKind {
     Containers,
     /// Real hosts reached with the system `ssh` (so ~/.ssh/config applies).
     Ssh,
+    /// One VM (virtme-ng, TCG) with soft-RoCE devices, for machines whose kernel has no RDMA:
+    /// the whole run happens inside it, on this machine's filesystem.
+    RxeVm,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,6 +137,7 @@ impl HostProfile {
                 .map(|c| c.count as usize)
                 .unwrap_or(0),
             ProfileKind::Ssh => self.hosts.len(),
+            ProfileKind::RxeVm => 1,
         }
     }
 }
@@ -127,6 +160,21 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
                 ));
             }
         }
+        ProfileKind::RxeVm => match &p.vm {
+            None => {
+                return Err(InputError::plain(
+                    path,
+                    "an `rxe-vm` profile needs `vm: { kernel: PATH }`",
+                ))
+            }
+            Some(v) if !(1..=4).contains(&v.rxe_devices) => {
+                return Err(InputError::plain(
+                    path,
+                    format!("vm.rxe_devices must be 1..=4, got {}", v.rxe_devices),
+                ))
+            }
+            Some(v) => safe(path, None, "vm.memory", &v.memory, Charset::Name)?,
+        },
         ProfileKind::Containers => match &p.containers {
             None => {
                 return Err(InputError::plain(

@@ -30,3 +30,4 @@ pub mod site;
 pub mod ssh;
 pub mod steps;
 pub mod verdict;
+pub mod vm;

@@ -17,7 +17,8 @@ const REMOTE_DIR: &str = "~/.cache/wringer";
 
 pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
     match profile.kind {
-        ProfileKind::Local => Ok(Placement::Local),
+        // An rxe-vm run happens inside its VM (see `vm`), where ranks are local.
+        ProfileKind::Local | ProfileKind::RxeVm => Ok(Placement::Local),
         ProfileKind::Containers => {
             let spec = profile
                 .containers

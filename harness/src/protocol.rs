@@ -20,6 +20,9 @@ pub struct PeerAddrs {
     pub transport: SocketAddr,
     /// A plain TCP listener for adversarial raw peers.
     pub raw: SocketAddr,
+    /// The address of this rank's first active RoCE interface, when it has one.
+    #[serde(default)]
+    pub rdma: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

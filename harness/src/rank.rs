@@ -127,6 +127,7 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
     let addrs = PeerAddrs {
         transport: listener.local_addr(),
         raw: raw.local_addr()?,
+        rdma: crate::steps::rdma::local_address(),
     };
     write_line(&mut writer, &RankMsg::Ready { addrs })?;
 

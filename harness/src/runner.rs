@@ -74,8 +74,19 @@ pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, opts: &RunOptions) -> 
         profile.name,
         dir.display()
     );
+    if profile.kind == crate::hosts::ProfileKind::RxeVm {
+        // The whole run happens inside the VM; its results are recorded here as they are.
+        let files: Vec<PathBuf> = selected.iter().map(|l| l.path.clone()).collect();
+        for (i, result) in crate::vm::run(profile, &files, opts, seed, &dir, &interrupted)
+            .into_iter()
+            .enumerate()
+        {
+            progress.finish(i, &result);
+            reporter.record(result, started.elapsed())?;
+        }
+    }
     for (i, loaded) in selected.iter().enumerate() {
-        if interrupted.load(Ordering::Relaxed) {
+        if interrupted.load(Ordering::Relaxed) || profile.kind == crate::hosts::ProfileKind::RxeVm {
             break;
         }
         progress.start(i, &loaded.scenario.name);

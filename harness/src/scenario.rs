@@ -127,6 +127,19 @@ pub enum Step {
         iterations: u32,
         deadline: Dur,
     },
+    /// RC over rdma_cm between rank 0 (server) and rank 1: SEND ping-pong, then WRITE with
+    /// immediate ping-pong, at every size, every byte checked.
+    RdmaPingpong {
+        sizes: Vec<u32>,
+        iterations: u32,
+        deadline: Dur,
+    },
+    /// Rank 1 SENDs `messages` messages of `size` bytes to rank 0, which counts and checks them.
+    RdmaLosslessStream {
+        messages: u32,
+        size: u32,
+        deadline: Dur,
+    },
     /// Do nothing for `duration`: a harness self-test for the watchdog.
     Stall { duration: Dur, deadline: Dur },
 }
@@ -143,6 +156,8 @@ impl Step {
             Step::LazyConnectPartition { .. } => "lazy-connect-partition",
             Step::ExitBeforeFirstExchange { .. } => "exit-before-first-exchange",
             Step::Pingpong { .. } => "pingpong",
+            Step::RdmaPingpong { .. } => "rdma-pingpong",
+            Step::RdmaLosslessStream { .. } => "rdma-lossless-stream",
             Step::Stall { .. } => "stall",
         }
     }
@@ -158,6 +173,8 @@ impl Step {
             | Step::LazyConnectPartition { deadline, .. }
             | Step::ExitBeforeFirstExchange { deadline, .. }
             | Step::Pingpong { deadline, .. }
+            | Step::RdmaPingpong { deadline, .. }
+            | Step::RdmaLosslessStream { deadline, .. }
             | Step::Stall { deadline, .. } => *deadline,
         }
     }
@@ -207,6 +224,20 @@ impl Step {
                 ConnectFailMs,
             ],
             Step::Pingpong { .. } => &[PairsVerified, DataMismatches],
+            Step::RdmaPingpong { .. } => &[
+                RdmaMessages,
+                RdmaDataMismatches,
+                RdmaCompletionErrors,
+                RetryExcErr,
+            ],
+            Step::RdmaLosslessStream { .. } => &[
+                RdmaTxMessages,
+                RdmaRxMessages,
+                RdmaRxBytes,
+                RdmaDropped,
+                RdmaCompletionErrors,
+                RetryExcErr,
+            ],
             Step::Stall { .. } => &[],
         }
     }
@@ -244,6 +275,14 @@ pub enum Metric {
     DataMismatches,
     InitiatorConnectFailed,
     ConnectFailMs,
+    RdmaMessages,
+    RdmaDataMismatches,
+    RdmaCompletionErrors,
+    RetryExcErr,
+    RdmaTxMessages,
+    RdmaRxMessages,
+    RdmaRxBytes,
+    RdmaDropped,
 }
 
 impl Metric {

@@ -4,6 +4,7 @@ mod adversary;
 mod death;
 mod lazy;
 mod pingpong;
+pub mod rdma;
 mod teardown;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -83,6 +84,12 @@ pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
         Step::Pingpong {
             sizes, iterations, ..
         } => pingpong::run(ctx, index, sizes, *iterations, deadline, &mut report)?,
+        Step::RdmaPingpong {
+            sizes, iterations, ..
+        } => rdma::pingpong(ctx, index, sizes, *iterations, deadline, &mut report)?,
+        Step::RdmaLosslessStream { messages, size, .. } => {
+            rdma::stream(ctx, index, *messages, *size, deadline, &mut report)?
+        }
         Step::Stall { duration, .. } => std::thread::sleep(duration.0),
     }
     Ok(report)

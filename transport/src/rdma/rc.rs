@@ -326,7 +326,9 @@ impl RcConnection {
             .setup_send_cq(cq.clone())
             .setup_recv_cq(cq.clone());
         let mut qp: GenericQueuePair = builder.build_ex().map_err(verbs)?.into();
-        let attr = id.get_qp_attr(QueuePairState::Init).map_err(cm)?;
+        let mut attr = id.get_qp_attr(QueuePairState::Init).map_err(cm)?;
+        // rdma_cm leaves remote write off on the active side; both sides accept writes here.
+        attr.setup_access_flags(AccessFlags::LocalWrite | AccessFlags::RemoteWrite);
         qp.modify(&attr).map_err(verbs)?;
         let send_buf = vec![0u8; opts.max_message].into_boxed_slice();
         let recv_buf = vec![0u8; opts.max_message * opts.recv_depth].into_boxed_slice();

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Make this machine able to run the rxe-vm host profile: qemu, rdma-core and perftest (used
+# inside the VM, which sees this machine's filesystem read-only), virtme-ng, and a Debian
+# kernel that has rdma_rxe, unpacked with its modules where vng finds them. Idempotent.
+set -euo pipefail
+kver="${WRINGER_VM_KERNEL:-6.1.0-56-amd64}"
+dest="${WRINGER_VM_DIR:-/opt/wringer-vm}"
+sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+
+pkgs=(qemu-system-x86 rdma-core ibverbs-utils perftest rdmacm-utils busybox-static kmod iproute2)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+command -v vng >/dev/null || pip install --quiet virtme-ng
+
+if [ ! -f "$dest/boot/vmlinuz-$kver" ]; then
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    (cd "$tmp" && apt-get download "linux-image-$kver")
+    $sudo mkdir -p "$dest"
+    $sudo dpkg -x "$tmp"/linux-image-"$kver"_*.deb "$dest"
+fi
+if [ ! -d "/lib/modules/$kver" ]; then
+    $sudo cp -a "$dest/lib/modules/$kver" /lib/modules/
+    $sudo depmod "$kver"
+fi
+echo "rxe-vm ready: kernel $dest/boot/vmlinuz-$kver"
