@@ -42,6 +42,15 @@ validate:
 setup-containers: (apt "debootstrap" "openssh-client")
     bash hosts/image/build.sh wringer-host:bookworm
 
+# Make this machine able to run the rxe-vm profile: qemu, rdma-core, perftest, virtme-ng and a Debian kernel with rdma_rxe. Idempotent.
+setup-rxe:
+    bash hosts/vm/setup-rxe.sh
+
+# The RDMA scenarios. Default: inside a soft-RoCE VM (hosts/rxe-vm.yaml); on a host with RDMA, pass a profile that has it.
+test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
+    if grep -q '^kind: rxe-vm' {{hosts}}; then just setup-rxe; fi
+    cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter rdma {{args}}
+
 # The cross-host scenarios against an inventory over SSH (default: three local container hosts).
 test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client")
     if grep -q '^kind: containers' {{hosts}}; then just setup-containers; fi
