@@ -140,6 +140,24 @@ pub enum Step {
         size: u32,
         deadline: Dur,
     },
+    /// Rank 0 runs the DAQIRI-shaped RDMA server (worker per connection, stats thread); rank 1
+    /// connects, exchanges `messages` and disconnects, `connections` times; then the server
+    /// shuts down gracefully.
+    RdmaGracefulShutdown {
+        connections: u32,
+        messages: u32,
+        stats_period: Dur,
+        deadline: Dur,
+    },
+    /// The server is configured with every local RoCE interface in reverse order; rank 1
+    /// connects once to each address and says which one it dialled.
+    RdmaInterfaceIndex { deadline: Dur },
+    /// Rank `victim` streams SENDs to rank 0 and reports `mid-stream` (where faults strike).
+    RdmaPeerDeath {
+        frames_before_fault: u32,
+        detect_timeout: Dur,
+        deadline: Dur,
+    },
     /// Do nothing for `duration`: a harness self-test for the watchdog.
     Stall { duration: Dur, deadline: Dur },
 }
@@ -158,6 +176,9 @@ impl Step {
             Step::Pingpong { .. } => "pingpong",
             Step::RdmaPingpong { .. } => "rdma-pingpong",
             Step::RdmaLosslessStream { .. } => "rdma-lossless-stream",
+            Step::RdmaGracefulShutdown { .. } => "rdma-graceful-shutdown",
+            Step::RdmaInterfaceIndex { .. } => "rdma-interface-index",
+            Step::RdmaPeerDeath { .. } => "rdma-peer-death",
             Step::Stall { .. } => "stall",
         }
     }
@@ -175,6 +196,9 @@ impl Step {
             | Step::Pingpong { deadline, .. }
             | Step::RdmaPingpong { deadline, .. }
             | Step::RdmaLosslessStream { deadline, .. }
+            | Step::RdmaGracefulShutdown { deadline, .. }
+            | Step::RdmaInterfaceIndex { deadline }
+            | Step::RdmaPeerDeath { deadline, .. }
             | Step::Stall { deadline, .. } => *deadline,
         }
     }
@@ -238,6 +262,17 @@ impl Step {
                 RdmaCompletionErrors,
                 RetryExcErr,
             ],
+            Step::RdmaGracefulShutdown { .. } => &[
+                RdmaConnectionsServed,
+                RdmaWorkersJoined,
+                RdmaPoolLeaked,
+                RdmaShutdownMs,
+                RdmaStatsSamples,
+                RdmaDataMismatches,
+                RdmaCompletionErrors,
+            ],
+            Step::RdmaInterfaceIndex { .. } => &[RdmaInterfacesServed, RdmaInterfaceMismatches],
+            Step::RdmaPeerDeath { .. } => &[SurvivorDetected, DetectMs],
             Step::Stall { .. } => &[],
         }
     }
@@ -283,6 +318,13 @@ pub enum Metric {
     RdmaRxMessages,
     RdmaRxBytes,
     RdmaDropped,
+    RdmaConnectionsServed,
+    RdmaWorkersJoined,
+    RdmaPoolLeaked,
+    RdmaShutdownMs,
+    RdmaStatsSamples,
+    RdmaInterfacesServed,
+    RdmaInterfaceMismatches,
 }
 
 impl Metric {

@@ -90,6 +90,35 @@ pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
         Step::RdmaLosslessStream { messages, size, .. } => {
             rdma::stream(ctx, index, *messages, *size, deadline, &mut report)?
         }
+        Step::RdmaGracefulShutdown {
+            connections,
+            messages,
+            stats_period,
+            ..
+        } => rdma::graceful_shutdown(
+            ctx,
+            index,
+            *connections,
+            *messages,
+            stats_period.0,
+            deadline,
+            &mut report,
+        )?,
+        Step::RdmaInterfaceIndex { .. } => {
+            rdma::interface_index(ctx, index, deadline, &mut report)?
+        }
+        Step::RdmaPeerDeath {
+            frames_before_fault,
+            detect_timeout,
+            ..
+        } => rdma::peer_death(
+            ctx,
+            index,
+            *frames_before_fault,
+            detect_timeout.0,
+            deadline,
+            &mut report,
+        )?,
         Step::Stall { duration, .. } => std::thread::sleep(duration.0),
     }
     Ok(report)

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use transport::rdma::discovery::{discover, GidType, PortState};
-use transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions, Received};
+use transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions, RdmaError, Received};
+use transport::rdma::server::{RdmaServer, ServerOptions};
 
 use super::pattern;
 use crate::protocol::StepReport;
@@ -15,14 +16,25 @@ use crate::rank::Ctx;
 
 /// This host's first active RoCE v2 address (IPv4), if it has RDMA at all.
 pub fn local_address() -> Option<IpAddr> {
-    let devices = discover(Path::new("/sys")).ok()?;
+    local_addresses().into_iter().next()
+}
+
+/// Every active RoCE v2 IPv4 address, one per port, in discovery order.
+fn local_addresses() -> Vec<IpAddr> {
+    let Ok(devices) = discover(Path::new("/sys")) else {
+        return vec![];
+    };
     devices
         .iter()
         .flat_map(|d| d.ports.iter())
         .filter(|p| p.state == PortState::Active)
-        .flat_map(|p| p.gids.iter())
-        .find(|g| g.kind == GidType::RoceV2 && matches!(g.ip, Some(IpAddr::V4(_))))
-        .and_then(|g| g.ip)
+        .filter_map(|p| {
+            p.gids
+                .iter()
+                .find(|g| g.kind == GidType::RoceV2 && matches!(g.ip, Some(IpAddr::V4(_))))
+                .and_then(|g| g.ip)
+        })
+        .collect()
 }
 
 /// rdma_cm port for a step: distinct per step, so a listener of an earlier step never answers.
@@ -200,5 +212,204 @@ pub fn stream(
     counts_into(&c, report);
     ctx.control
         .barrier(&format!("rdma-{step}-done"), 2, deadline)?;
+    Ok(())
+}
+
+pub fn graceful_shutdown(
+    ctx: &Ctx,
+    step: usize,
+    connections: u32,
+    messages: u32,
+    stats_period: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let server_ip = ctx.peers[0]
+        .rdma
+        .context("rank 0 has no active RoCE interface")?;
+    let addr = SocketAddr::new(server_ip, port(step));
+    let rc = options(4096, deadline);
+    if ctx.rank == 0 {
+        let pool = 4;
+        let server = RdmaServer::start(ServerOptions {
+            interfaces: vec![server_ip],
+            port: port(step),
+            rc,
+            pool,
+            stats_period,
+        })?;
+        ctx.control
+            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        ctx.control
+            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        // Every disconnect is handled by the server's CM loop; wait (bounded) for all of them.
+        let end = Instant::now() + deadline;
+        while server.served().len() < connections as usize && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let served = server.served();
+        let started = Instant::now();
+        let stats = server.shutdown();
+        let m = &mut report.metrics;
+        m.insert(
+            "rdma_shutdown_ms".into(),
+            started.elapsed().as_secs_f64() * 1e3,
+        );
+        m.insert("rdma_connections_served".into(), served.len() as f64);
+        m.insert("rdma_workers_joined".into(), stats.workers_joined as f64);
+        m.insert("rdma_pool_leaked".into(), (pool - stats.pool_free) as f64);
+        m.insert("rdma_stats_samples".into(), stats.stats_samples as f64);
+        m.insert(
+            "rdma_completion_errors".into(),
+            stats.completion_errors as f64,
+        );
+        report.notes.push(format!(
+            "server: {stats:?}; every worker's buffers came back after its join: {}",
+            served.iter().all(|s| s.buffers_returned_after_join)
+        ));
+    } else {
+        ctx.control
+            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        let mut mismatches = 0u32;
+        for c in 0..connections {
+            let mut conn = connect(addr, rc).with_context(|| format!("connection {c}"))?;
+            for i in 0..messages {
+                let msg = pattern(ctx.seed, (c as u64) << 32 | i as u64, 512);
+                conn.send(&msg, deadline)?;
+                mismatches += (conn.recv(deadline)? != Received::Message(msg)) as u32;
+            }
+            drop(conn);
+        }
+        report
+            .metrics
+            .insert("rdma_data_mismatches".into(), mismatches as f64);
+        ctx.control
+            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+    }
+    Ok(())
+}
+
+pub fn interface_index(
+    ctx: &Ctx,
+    step: usize,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let addresses = local_addresses();
+    if addresses.len() < 2 {
+        bail!("needs two active RoCE interfaces, found {addresses:?}");
+    }
+    let rc = options(4096, deadline);
+    if ctx.rank == 0 {
+        // Configured in reverse order, so list index and discovery order (and port numbers,
+        // all 1 on rxe) disagree.
+        let interfaces: Vec<IpAddr> = addresses.iter().rev().copied().collect();
+        let server = RdmaServer::start(ServerOptions {
+            interfaces: interfaces.clone(),
+            port: port(step),
+            rc,
+            pool: 4,
+            stats_period: Duration::from_millis(20),
+        })?;
+        ctx.control
+            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        ctx.control
+            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        let end = Instant::now() + deadline;
+        while server.served().len() < addresses.len() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let served = server.served();
+        let mut mismatches = 0;
+        for s in &served {
+            let dialled = String::from_utf8_lossy(&s.first_message).to_string();
+            let configured = interfaces[s.interface].to_string();
+            if dialled != configured {
+                mismatches += 1;
+            }
+            report.notes.push(format!(
+                "connection to {dialled} served by interface {} ({configured})",
+                s.interface
+            ));
+        }
+        let distinct: std::collections::BTreeSet<usize> =
+            served.iter().map(|s| s.interface).collect();
+        report
+            .metrics
+            .insert("rdma_interfaces_served".into(), distinct.len() as f64);
+        report
+            .metrics
+            .insert("rdma_interface_mismatches".into(), mismatches as f64);
+        server.shutdown();
+    } else {
+        ctx.control
+            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        for ip in &addresses {
+            let mut conn = connect(SocketAddr::new(*ip, port(step)), rc)?;
+            let msg = ip.to_string().into_bytes();
+            conn.send(&msg, deadline)?;
+            if conn.recv(deadline)? != Received::Message(msg) {
+                bail!("the echo from {ip} differs");
+            }
+        }
+        ctx.control
+            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+    }
+    Ok(())
+}
+
+pub fn peer_death(
+    ctx: &Ctx,
+    step: usize,
+    frames_before_fault: u32,
+    detect_timeout: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let mut c = pair(ctx, step, 4096, deadline)?;
+    let payload = vec![0xd1u8; 1024];
+    if ctx.rank == 1 {
+        for _ in 0..frames_before_fault {
+            c.send(&payload, deadline)?;
+        }
+        ctx.control.point(step, "mid-stream")?;
+        let end = Instant::now() + deadline;
+        while Instant::now() < end {
+            if c.send(&payload, detect_timeout).is_err() {
+                break;
+            }
+        }
+        bail!("still alive at the end of the step: no fault struck at `mid-stream`");
+    }
+    let mut frames = 0u64;
+    let mut last = Instant::now();
+    let error = loop {
+        match c.recv(detect_timeout) {
+            Ok(_) => {
+                frames += 1;
+                last = Instant::now();
+            }
+            Err(e) => break e,
+        }
+    };
+    let detect_ms = last.elapsed().as_secs_f64() * 1e3;
+    report.metrics.insert("survivor_detected".into(), 1.0);
+    report.metrics.insert("detect_ms".into(), detect_ms);
+    let how = match error {
+        RdmaError::Disconnected => "rdma_cm DISCONNECTED".to_string(),
+        e => e.to_string(),
+    };
+    report.notes.push(format!(
+        "rank 0 received {frames} messages, then: {how} ({detect_ms:.1} ms after the last)"
+    ));
     Ok(())
 }

@@ -7,3 +7,4 @@
 pub mod discovery;
 pub mod interfaces;
 pub mod rc;
+pub mod server;

@@ -212,11 +212,19 @@ impl RcListener {
             deadline,
             timeout,
         )?;
-        let mut conn = RcConnection::create(id, Arc::clone(&self.channel), self.opts)?;
+        // The listener's channel carries this connection's later events (DISCONNECTED); it is
+        // read by the connection, so a listener serves one connection at a time (RdmaServer
+        // is the many-connection server).
+        let mut conn = RcConnection::create(
+            id,
+            Some(Arc::clone(&self.channel)),
+            self.opts,
+            Buffers::new(&self.opts),
+        )?;
         conn.ready_to_send()?;
         conn.post_ring()?;
         let mut param = ConnectionParameter::default();
-        param.setup_qp_number(conn.qp.qp_number());
+        param.setup_qp_number(conn.qp_number());
         conn.id.accept(param).map_err(cm)?;
         expect_event(
             &self.channel,
@@ -259,10 +267,10 @@ pub fn connect(addr: SocketAddr, opts: RcOptions) -> Result<RcConnection, RdmaEr
         deadline,
         opts.timeout,
     )?;
-    let mut conn = RcConnection::create(id, Arc::clone(&channel), opts)?;
+    let mut conn = RcConnection::create(id, Some(Arc::clone(&channel)), opts, Buffers::new(&opts))?;
     conn.post_ring()?;
     let mut param = ConnectionParameter::default();
-    param.setup_qp_number(conn.qp.qp_number());
+    param.setup_qp_number(conn.qp_number());
     conn.id.connect(param).map_err(cm)?;
     // The active side may leave INIT only once the response says who the peer is.
     expect_event(
@@ -278,33 +286,69 @@ pub fn connect(addr: SocketAddr, opts: RcOptions) -> Result<RcConnection, RdmaEr
     Ok(conn)
 }
 
-/// One RC connection. Field order is drop order: the QP and memory regions go before the
-/// protection domain and the buffers they cover.
-pub struct RcConnection {
+/// The memory a connection sends from, receives into, and lets the peer write to. Owned by a
+/// connection while it lives; handed back only by [`RcConnection::into_buffers`], after every
+/// verbs object that points into it is gone.
+pub struct Buffers {
+    send: Box<[u8]>,
+    recv: Box<[u8]>,
+    write: Box<[u8]>,
+}
+
+impl Buffers {
+    pub fn new(opts: &RcOptions) -> Buffers {
+        Buffers {
+            send: vec![0u8; opts.max_message].into_boxed_slice(),
+            recv: vec![0u8; opts.max_message * opts.recv_depth].into_boxed_slice(),
+            write: vec![0u8; opts.max_message].into_boxed_slice(),
+        }
+    }
+
+    fn fits(&self, opts: &RcOptions) -> bool {
+        self.send.len() == opts.max_message
+            && self.recv.len() == opts.max_message * opts.recv_depth
+            && self.write.len() == opts.max_message
+    }
+}
+
+/// The verbs objects of a connection. Field order is drop order: the QP and the memory
+/// regions go before the protection domain.
+struct Verbs {
     qp: GenericQueuePair,
     send_mr: Arc<MemoryRegion>,
     recv_mr: Arc<MemoryRegion>,
     write_mr: Arc<MemoryRegion>,
     cq: GenericCompletionQueue,
     _pd: Arc<ProtectionDomain>,
-    send_buf: Box<[u8]>,
-    recv_buf: Box<[u8]>,
-    write_buf: Box<[u8]>,
+}
+
+/// One RC connection.
+pub struct RcConnection {
+    /// Dropped before `buffers` (see `Drop`): the regions point into them.
+    verbs: Option<Verbs>,
+    buffers: Option<Buffers>,
     id: Arc<Identifier>,
-    _channel: Arc<EventChannel>,
+    /// The connection's own event channel (active side); the passive side's events go to its
+    /// listener or server, which raises `peer_gone` instead.
+    own_channel: Option<Arc<EventChannel>>,
     opts: RcOptions,
     peer_target: Option<(u64, u32, u32)>,
     ready: VecDeque<Received>,
     counts: CompletionCounts,
     send_done: bool,
+    peer_gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RcConnection {
-    fn create(
+    pub(crate) fn create(
         id: Arc<Identifier>,
-        channel: Arc<EventChannel>,
+        own_channel: Option<Arc<EventChannel>>,
         opts: RcOptions,
+        buffers: Buffers,
     ) -> Result<RcConnection, RdmaError> {
+        if !buffers.fits(&opts) {
+            return Err(verbs("buffers of the wrong size for these options"));
+        }
         let ctx = id
             .get_device_context()
             .ok_or_else(|| cm("the identifier has no device yet"))?;
@@ -330,56 +374,86 @@ impl RcConnection {
         // rdma_cm leaves remote write off on the active side; both sides accept writes here.
         attr.setup_access_flags(AccessFlags::LocalWrite | AccessFlags::RemoteWrite);
         qp.modify(&attr).map_err(verbs)?;
-        let send_buf = vec![0u8; opts.max_message].into_boxed_slice();
-        let recv_buf = vec![0u8; opts.max_message * opts.recv_depth].into_boxed_slice();
-        let write_buf = vec![0u8; opts.max_message].into_boxed_slice();
         let local = AccessFlags::LocalWrite;
-        // SAFETY: each region covers a boxed slice owned by the connection. Boxed slices never
-        // move or reallocate, and the fields are declared so the regions are deregistered
-        // before the buffers are freed.
+        let b = &buffers;
+        // SAFETY: each region covers a boxed slice the connection owns. Boxed slices never move
+        // or reallocate, and `Drop`/`into_buffers` drop the regions before the buffers.
         let (send_mr, recv_mr, write_mr) = unsafe {
             (
-                pd.reg_mr(send_buf.as_ptr() as usize, send_buf.len(), local)
+                pd.reg_mr(b.send.as_ptr() as usize, b.send.len(), local)
                     .map_err(verbs)?,
-                pd.reg_mr(recv_buf.as_ptr() as usize, recv_buf.len(), local)
+                pd.reg_mr(b.recv.as_ptr() as usize, b.recv.len(), local)
                     .map_err(verbs)?,
                 pd.reg_mr(
-                    write_buf.as_ptr() as usize,
-                    write_buf.len(),
+                    b.write.as_ptr() as usize,
+                    b.write.len(),
                     local | AccessFlags::RemoteWrite,
                 )
                 .map_err(verbs)?,
             )
         };
         Ok(RcConnection {
-            qp,
-            send_mr,
-            recv_mr,
-            write_mr,
-            cq,
-            _pd: pd,
-            send_buf,
-            recv_buf,
-            write_buf,
+            verbs: Some(Verbs {
+                qp,
+                send_mr,
+                recv_mr,
+                write_mr,
+                cq,
+                _pd: pd,
+            }),
+            buffers: Some(buffers),
             id,
-            _channel: channel,
+            own_channel,
             opts,
             peer_target: None,
             ready: VecDeque::new(),
             counts: CompletionCounts::default(),
             send_done: false,
+            peer_gone: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
 
-    fn ready_to_send(&mut self) -> Result<(), RdmaError> {
+    fn v(&mut self) -> &mut Verbs {
+        self.verbs
+            .as_mut()
+            .expect("verbs live until into_buffers consumes the connection")
+    }
+
+    fn b(&self) -> &Buffers {
+        self.buffers
+            .as_ref()
+            .expect("buffers live until into_buffers consumes the connection")
+    }
+
+    /// Raised when the peer disconnected (set by whoever reads this connection's CM events).
+    pub fn peer_gone_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.peer_gone)
+    }
+
+    pub(crate) fn identifier(&self) -> &Arc<Identifier> {
+        &self.id
+    }
+
+    /// Disconnect, destroy the QP and deregister the memory, then hand the buffers back.
+    pub fn into_buffers(mut self) -> Buffers {
+        self.disconnect();
+        drop(self.verbs.take());
+        self.buffers.take().expect("buffers are taken only here")
+    }
+
+    pub(crate) fn ready_to_send(&mut self) -> Result<(), RdmaError> {
         for state in [QueuePairState::ReadyToReceive, QueuePairState::ReadyToSend] {
             let attr = self.id.get_qp_attr(state).map_err(cm)?;
-            self.qp.modify(&attr).map_err(verbs)?;
+            self.v().qp.modify(&attr).map_err(verbs)?;
         }
         Ok(())
     }
 
-    fn post_ring(&mut self) -> Result<(), RdmaError> {
+    pub(crate) fn qp_number(&mut self) -> u32 {
+        self.v().qp.qp_number()
+    }
+
+    pub(crate) fn post_ring(&mut self) -> Result<(), RdmaError> {
         for slot in 0..self.opts.recv_depth {
             self.post_recv(slot)?;
         }
@@ -388,21 +462,29 @@ impl RcConnection {
 
     fn post_recv(&mut self, slot: usize) -> Result<(), RdmaError> {
         let size = self.opts.max_message;
-        let addr = self.recv_buf.as_ptr() as u64 + (slot * size) as u64;
-        let mut guard = self.qp.start_post_recv();
+        let addr = self.b().recv.as_ptr() as u64 + (slot * size) as u64;
+        let v = self.v();
+        let lkey = v.recv_mr.lkey();
+        let mut guard = v.qp.start_post_recv();
         let wr = guard.construct_wr(slot as u64);
-        // SAFETY: the slot lies inside `recv_buf`, registered as `recv_mr`, which outlives the
-        // QP's use of it (see the field order).
-        unsafe { wr.setup_sge(self.recv_mr.lkey(), addr, size as u32) };
+        // SAFETY: the slot lies inside the receive buffer, registered as `recv_mr`; the buffer
+        // outlives the QP (see `Drop`).
+        unsafe { wr.setup_sge(lkey, addr, size as u32) };
         guard.post().map_err(verbs)
     }
 
     /// Send our write target and wait for the peer's.
-    fn exchange_adverts(&mut self, deadline: Instant, after: Duration) -> Result<(), RdmaError> {
+    pub(crate) fn exchange_adverts(
+        &mut self,
+        deadline: Instant,
+        after: Duration,
+    ) -> Result<(), RdmaError> {
         let mut advert = [0u8; ADVERT_LEN];
-        advert[0..8].copy_from_slice(&(self.write_buf.as_ptr() as u64).to_be_bytes());
-        advert[8..12].copy_from_slice(&self.write_mr.rkey().to_be_bytes());
-        advert[12..16].copy_from_slice(&(self.write_buf.len() as u32).to_be_bytes());
+        let (addr, len) = (self.b().write.as_ptr() as u64, self.b().write.len() as u32);
+        let rkey = self.v().write_mr.rkey();
+        advert[0..8].copy_from_slice(&addr.to_be_bytes());
+        advert[8..12].copy_from_slice(&rkey.to_be_bytes());
+        advert[12..16].copy_from_slice(&len.to_be_bytes());
         self.send_until(&advert, deadline, after)?;
         match self.recv_until(deadline, after)? {
             Received::Message(m) if m.len() == ADVERT_LEN => {
@@ -429,30 +511,7 @@ impl RcConnection {
         deadline: Instant,
         after: Duration,
     ) -> Result<(), RdmaError> {
-        if data.len() > self.send_buf.len() {
-            return Err(RdmaError::TooLong {
-                len: data.len(),
-                max: self.send_buf.len(),
-            });
-        }
-        self.send_buf[..data.len()].copy_from_slice(data);
-        self.send_done = false;
-        {
-            let mut guard = self.qp.start_post_send();
-            let wr = guard
-                .construct_wr(SEND_WR, WorkRequestFlags::Signaled)
-                .setup_send();
-            // SAFETY: `send_buf` is registered as `send_mr`; it is not touched again until the
-            // completion for this request has been reaped below.
-            unsafe {
-                wr.setup_sge(
-                    self.send_mr.lkey(),
-                    self.send_buf.as_ptr() as u64,
-                    data.len() as u32,
-                )
-            };
-            guard.post().map_err(verbs)?;
-        }
+        self.post_from_send_buffer(data, None)?;
         self.wait(deadline, after, "waiting for a send completion", |c| {
             c.send_done
         })
@@ -460,34 +519,52 @@ impl RcConnection {
 
     /// RDMA WRITE `data` into the peer's advertised buffer, with immediate data `imm`.
     pub fn write_imm(&mut self, data: &[u8], imm: u32, timeout: Duration) -> Result<(), RdmaError> {
-        let (addr, rkey, len) = self.peer_target.ok_or(RdmaError::NoWriteTarget)?;
-        if data.len() > len as usize || data.len() > self.send_buf.len() {
+        let target = self.peer_target.ok_or(RdmaError::NoWriteTarget)?;
+        self.post_from_send_buffer(data, Some((target, imm)))?;
+        self.wait(
+            Instant::now() + timeout,
+            timeout,
+            "waiting for a write completion",
+            |c| c.send_done,
+        )
+    }
+
+    /// Copy `data` into the send buffer and post a SEND, or a WRITE with immediate to `write`.
+    fn post_from_send_buffer(
+        &mut self,
+        data: &[u8],
+        write: Option<((u64, u32, u32), u32)>,
+    ) -> Result<(), RdmaError> {
+        let mut max = self.b().send.len();
+        if let Some(((_, _, len), _)) = write {
+            max = max.min(len as usize);
+        }
+        if data.len() > max {
             return Err(RdmaError::TooLong {
                 len: data.len(),
-                max: (len as usize).min(self.send_buf.len()),
+                max,
             });
         }
-        let deadline = Instant::now() + timeout;
-        self.send_buf[..data.len()].copy_from_slice(data);
+        self.buffers.as_mut().expect("live until into_buffers").send[..data.len()]
+            .copy_from_slice(data);
         self.send_done = false;
-        {
-            let mut guard = self.qp.start_post_send();
-            let wr = guard
+        let local = self.b().send.as_ptr() as u64;
+        let v = self.v();
+        let lkey = v.send_mr.lkey();
+        let mut guard = v.qp.start_post_send();
+        let wr = match write {
+            None => guard
+                .construct_wr(SEND_WR, WorkRequestFlags::Signaled)
+                .setup_send(),
+            Some(((addr, rkey, _), imm)) => guard
                 .construct_wr(WRITE_WR, WorkRequestFlags::Signaled)
-                .setup_write_imm(rkey, addr, imm.to_be());
-            // SAFETY: as for SEND; the remote range was advertised by the peer for this.
-            unsafe {
-                wr.setup_sge(
-                    self.send_mr.lkey(),
-                    self.send_buf.as_ptr() as u64,
-                    data.len() as u32,
-                )
-            };
-            guard.post().map_err(verbs)?;
-        }
-        self.wait(deadline, timeout, "waiting for a write completion", |c| {
-            c.send_done
-        })
+                .setup_write_imm(rkey, addr, imm.to_be()),
+        };
+        // SAFETY: the send buffer is registered as `send_mr` and is not touched again until
+        // this request's completion has been reaped (`send_done`); a write's remote range was
+        // advertised by the peer for exactly this.
+        unsafe { wr.setup_sge(lkey, local, data.len() as u32) };
+        guard.post().map_err(verbs)
     }
 
     /// The next message or write from the peer, within `timeout`.
@@ -517,7 +594,7 @@ impl RcConnection {
                 return Ok(());
             }
             let mut got = vec![];
-            if let Ok(poller) = self.cq.start_poll() {
+            if let Ok(poller) = self.v().cq.start_poll() {
                 for wc in poller {
                     got.push((
                         wc.wr_id(),
@@ -529,6 +606,9 @@ impl RcConnection {
                 }
             }
             if got.is_empty() {
+                if self.peer_gone_now() {
+                    return Err(RdmaError::Disconnected);
+                }
                 if Instant::now() >= deadline {
                     return Err(RdmaError::Timeout { during, after });
                 }
@@ -555,10 +635,10 @@ impl RcConnection {
                         let slot = slot as usize;
                         // RECV_RDMA_WITH_IMM: the data landed in our write target.
                         let item = if opcode == sideway::ibverbs::completion::WorkCompletionOperationType::ReceiveWithImmediate as u32 {
-                            Received::Written { imm: u32::from_be(imm), data: self.write_buf[..len].to_vec() }
+                            Received::Written { imm: u32::from_be(imm), data: self.b().write[..len].to_vec() }
                         } else {
                             let start = slot * self.opts.max_message;
-                            Received::Message(self.recv_buf[start..start + len].to_vec())
+                            Received::Message(self.b().recv[start..start + len].to_vec())
                         };
                         self.ready.push_back(item);
                         self.post_recv(slot)?;
@@ -566,6 +646,39 @@ impl RcConnection {
                 }
             }
         }
+    }
+
+    /// Has the peer disconnected? The active side reads its own CM channel (without blocking);
+    /// the passive side's flag is raised by its listener or server.
+    fn peer_gone_now(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.peer_gone.load(Ordering::Acquire) {
+            return true;
+        }
+        if let Some(ch) = &self.own_channel {
+            let mut pfd = libc::pollfd {
+                fd: ch.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, zero timeout; the channel outlives the call.
+            if unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
+                if let Ok(ev) = ch.get_cm_event() {
+                    let t = ev.event_type();
+                    let _ = ev.ack();
+                    if matches!(
+                        t,
+                        EventType::Disconnected
+                            | EventType::DeviceRemoval
+                            | EventType::TimewaitExit
+                    ) {
+                        self.peer_gone.store(true, Ordering::Release);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
     }
 
     /// Completion outcomes so far, by status.
@@ -582,5 +695,7 @@ impl RcConnection {
 impl Drop for RcConnection {
     fn drop(&mut self) {
         self.disconnect();
+        // The QP and regions before the memory they point into.
+        drop(self.verbs.take());
     }
 }

@@ -1,0 +1,377 @@
+//! An RDMA server shaped like DAQIRI's, with its two fixes built in:
+//!
+//! - It listens on every configured interface. A CONNECT_REQUEST is mapped to the interface of
+//!   the listener it arrived on, by the index saved when that listener was set up (never by
+//!   the IB port number: DAQIRI #113).
+//! - Each connection gets a worker thread with its own exit flag; a stats thread reads the
+//!   connection registry on a period. Disconnect order: signal the worker, take its handle out
+//!   of the registry under the lock, release the lock, join, and only then return its buffers
+//!   to the pool. The buffers come back *from the joined thread*, so they cannot be returned
+//!   earlier; and no lock is held while joining, so the stats thread can never deadlock with a
+//!   disconnect.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sideway::rdmacm::communication_manager::{
+    ConnectionParameter, EventChannel, EventType, Identifier, PortSpace,
+};
+
+use super::rc::{Buffers, RcConnection, RcOptions, RdmaError, Received};
+
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The configured interface list, by address; a connection is served by the index here.
+    pub interfaces: Vec<IpAddr>,
+    pub port: u16,
+    pub rc: RcOptions,
+    /// Buffer sets in the pool: the most connections served at once.
+    pub pool: usize,
+    pub stats_period: Duration,
+}
+
+/// What a worker did, kept after it is joined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    /// Index into the configured interface list.
+    pub interface: usize,
+    /// The first message the client sent (evidence independent of the server's own mapping:
+    /// a client can say which address it connected to).
+    pub first_message: Vec<u8>,
+    pub messages: u64,
+    /// The buffers came back to the pool after the worker was joined.
+    pub buffers_returned_after_join: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    pub accepted: u64,
+    pub rejected_no_buffers: u64,
+    pub workers_joined: u64,
+    pub stats_samples: u64,
+    pub pool_free: usize,
+    pub completion_errors: u64,
+}
+
+struct Worker {
+    exit: Arc<AtomicBool>,
+    handle: JoinHandle<(RcConnection, u64, Vec<u8>)>,
+    interface: usize,
+}
+
+struct Shared {
+    registry: Mutex<HashMap<usize, Worker>>,
+    pool: Mutex<Vec<Buffers>>,
+    served: Mutex<Vec<Served>>,
+    stop: AtomicBool,
+    accepted: AtomicU64,
+    rejected: AtomicU64,
+    joined: AtomicU64,
+    samples: AtomicU64,
+    completion_errors: AtomicU64,
+    /// Messages handled per worker, read by the stats thread.
+    live_messages: Mutex<HashMap<usize, Arc<AtomicU64>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct RdmaServer {
+    shared: Arc<Shared>,
+    cm: Option<JoinHandle<()>>,
+    stats: Option<JoinHandle<()>>,
+}
+
+impl RdmaServer {
+    /// Listen on every configured interface (all on `opts.port`) and start serving: every
+    /// message a client SENDs is echoed back.
+    pub fn start(opts: ServerOptions) -> Result<RdmaServer, RdmaError> {
+        let channel = EventChannel::new().map_err(|e| RdmaError::Cm(e.to_string()))?;
+        let mut listeners = vec![];
+        for (index, ip) in opts.interfaces.iter().enumerate() {
+            let id = channel
+                .create_id(PortSpace::Tcp)
+                .map_err(|e| RdmaError::Cm(e.to_string()))?;
+            id.bind_addr(SocketAddr::new(*ip, opts.port))
+                .map_err(|e| RdmaError::Cm(format!("binding {ip}: {e}")))?;
+            id.listen(64).map_err(|e| RdmaError::Cm(e.to_string()))?;
+            // The index into the configured list, saved with the listener.
+            id.setup_context(index);
+            listeners.push(id);
+        }
+        let shared = Arc::new(Shared {
+            registry: Mutex::new(HashMap::new()),
+            pool: Mutex::new((0..opts.pool).map(|_| Buffers::new(&opts.rc)).collect()),
+            served: Mutex::new(vec![]),
+            stop: AtomicBool::new(false),
+            accepted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            joined: AtomicU64::new(0),
+            samples: AtomicU64::new(0),
+            completion_errors: AtomicU64::new(0),
+            live_messages: Mutex::new(HashMap::new()),
+        });
+        let cm = {
+            let shared = Arc::clone(&shared);
+            let opts = opts.clone();
+            std::thread::Builder::new()
+                .name("wringer-rdma-cm".into())
+                .spawn(move || cm_loop(&channel, &listeners, &shared, &opts))
+                .map_err(|e| RdmaError::Cm(e.to_string()))?
+        };
+        let stats = {
+            let shared = Arc::clone(&shared);
+            let period = opts.stats_period;
+            std::thread::Builder::new()
+                .name("wringer-rdma-stats".into())
+                .spawn(move || stats_loop(&shared, period))
+                .map_err(|e| RdmaError::Cm(e.to_string()))?
+        };
+        Ok(RdmaServer {
+            shared,
+            cm: Some(cm),
+            stats: Some(stats),
+        })
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        let s = &self.shared;
+        ServerStats {
+            accepted: s.accepted.load(Ordering::Relaxed),
+            rejected_no_buffers: s.rejected.load(Ordering::Relaxed),
+            workers_joined: s.joined.load(Ordering::Relaxed),
+            stats_samples: s.samples.load(Ordering::Relaxed),
+            pool_free: lock(&s.pool).len(),
+            completion_errors: s.completion_errors.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn served(&self) -> Vec<Served> {
+        lock(&self.shared.served).clone()
+    }
+
+    pub fn live_connections(&self) -> usize {
+        lock(&self.shared.registry).len()
+    }
+
+    /// Stop: no new connections, every worker disconnected in the safe order, all threads
+    /// joined. Bounded: workers poll their exit flag, the CM loop its stop flag.
+    pub fn shutdown(mut self) -> ServerStats {
+        self.stop_all();
+        self.stats()
+    }
+
+    fn stop_all(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(cm) = self.cm.take() {
+            let _ = cm.join();
+        }
+        let ids: Vec<usize> = lock(&self.shared.registry).keys().copied().collect();
+        for id in ids {
+            disconnect(&self.shared, id);
+        }
+        if let Some(stats) = self.stats.take() {
+            let _ = stats.join();
+        }
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// The DAQIRI order: signal, take out under the lock, release, join, then return buffers.
+fn disconnect(shared: &Shared, key: usize) {
+    let worker = {
+        let mut registry = lock(&shared.registry);
+        let Some(worker) = registry.remove(&key) else {
+            return;
+        };
+        worker.exit.store(true, Ordering::Release);
+        worker
+    }; // the registry lock is released here, before the join
+    let Worker {
+        handle, interface, ..
+    } = worker;
+    let Ok((conn, messages, first_message)) = handle.join() else {
+        return;
+    };
+    shared.joined.fetch_add(1, Ordering::Relaxed);
+    shared
+        .completion_errors
+        .fetch_add(conn.counts().errors(), Ordering::Relaxed);
+    lock(&shared.live_messages).remove(&key);
+    // Only the joined thread could hand the connection back; its buffers go back to the pool
+    // after its QP and memory regions are gone.
+    lock(&shared.pool).push(conn.into_buffers());
+    lock(&shared.served).push(Served {
+        interface,
+        first_message,
+        messages,
+        buffers_returned_after_join: true,
+    });
+}
+
+fn cm_loop(
+    channel: &Arc<EventChannel>,
+    _listeners: &[Arc<Identifier>],
+    shared: &Arc<Shared>,
+    opts: &ServerOptions,
+) {
+    // Connections between CONNECT_REQUEST and ESTABLISHED, and the key each gets.
+    let mut pending: HashMap<usize, (RcConnection, usize)> = HashMap::new();
+    let mut peer_flags: HashMap<usize, Arc<AtomicBool>> = HashMap::new();
+    while !shared.stop.load(Ordering::Acquire) {
+        let mut pfd = libc::pollfd {
+            fd: channel.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; the channel outlives the call. 50 ms bounds how long a stop
+        // request waits.
+        if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+            continue;
+        }
+        let Ok(event) = channel.get_cm_event() else {
+            continue;
+        };
+        let kind = event.event_type();
+        let id = event.cm_id();
+        let listener = event.listener_id();
+        let _ = event.ack();
+        let Some(id) = id else { continue };
+        let key = Arc::as_ptr(&id) as usize;
+        match kind {
+            EventType::ConnectRequest => {
+                let interface = listener.and_then(|l| l.get_context::<usize>()).map(|i| *i);
+                let Some(interface) = interface else { continue };
+                let Some(buffers) = lock(&shared.pool).pop() else {
+                    shared.rejected.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                match accept(Arc::clone(&id), opts.rc, buffers) {
+                    Ok(conn) => {
+                        pending.insert(key, (conn, interface));
+                    }
+                    Err((_, Some(buffers))) => lock(&shared.pool).push(buffers),
+                    Err((_, None)) => {}
+                }
+            }
+            EventType::Established => {
+                let Some((conn, interface)) = pending.remove(&key) else {
+                    continue;
+                };
+                shared.accepted.fetch_add(1, Ordering::Relaxed);
+                peer_flags.insert(key, conn.peer_gone_flag());
+                let exit = Arc::new(AtomicBool::new(false));
+                let messages = Arc::new(AtomicU64::new(0));
+                lock(&shared.live_messages).insert(key, Arc::clone(&messages));
+                let handle = {
+                    let exit = Arc::clone(&exit);
+                    std::thread::spawn(move || serve(conn, &exit, &messages))
+                };
+                lock(&shared.registry).insert(
+                    key,
+                    Worker {
+                        exit,
+                        handle,
+                        interface,
+                    },
+                );
+            }
+            EventType::Disconnected | EventType::TimewaitExit => {
+                if let Some(flag) = peer_flags.remove(&key) {
+                    flag.store(true, Ordering::Release);
+                }
+                pending.remove(&key);
+                disconnect(shared, key);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Accept on a fresh CONNECT_REQUEST: QP to RTS and receives posted before the accept. On
+/// failure the buffers go back (if the connection got as far as owning them, it returns them).
+fn accept(
+    id: Arc<Identifier>,
+    rc: RcOptions,
+    buffers: Buffers,
+) -> Result<RcConnection, (RdmaError, Option<Buffers>)> {
+    let mut conn = RcConnection::create(id, None, rc, buffers).map_err(|e| (e, None))?;
+    let ready = (|| {
+        conn.ready_to_send()?;
+        conn.post_ring()?;
+        let mut param = ConnectionParameter::default();
+        param.setup_qp_number(conn.qp_number());
+        conn.identifier()
+            .accept(param)
+            .map_err(|e| RdmaError::Cm(e.to_string()))
+    })();
+    match ready {
+        Ok(()) => Ok(conn),
+        Err(e) => Err((e, Some(conn.into_buffers()))),
+    }
+}
+
+/// A connection's worker: echo every message until its exit flag is raised or the peer goes.
+fn serve(
+    mut conn: RcConnection,
+    exit: &AtomicBool,
+    messages: &AtomicU64,
+) -> (RcConnection, u64, Vec<u8>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut first = vec![];
+    // The peer's write target arrives first; without it the connection cannot be served.
+    if conn
+        .exchange_adverts(deadline, Duration::from_secs(30))
+        .is_err()
+    {
+        return (conn, 0, first);
+    }
+    while !exit.load(Ordering::Acquire) {
+        match conn.recv(Duration::from_millis(50)) {
+            Ok(Received::Message(m)) => {
+                if first.is_empty() {
+                    first = m.clone();
+                }
+                if conn.send(&m, Duration::from_secs(5)).is_err() {
+                    break;
+                }
+                messages.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Received::Written { .. }) => {
+                messages.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(RdmaError::Timeout { .. }) => {}
+            Err(_) => break,
+        }
+    }
+    let n = messages.load(Ordering::Relaxed);
+    (conn, n, first)
+}
+
+fn stats_loop(shared: &Shared, period: Duration) {
+    while !shared.stop.load(Ordering::Acquire) {
+        {
+            // Reads the registry like DAQIRI's stats printer; never held across a join.
+            let registry = lock(&shared.registry);
+            let live = lock(&shared.live_messages);
+            let _total: u64 = registry
+                .keys()
+                .filter_map(|k| live.get(k))
+                .map(|m| m.load(Ordering::Relaxed))
+                .sum();
+        }
+        shared.samples.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(period);
+    }
+}
