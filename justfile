@@ -13,6 +13,8 @@ test: build-deps (apt "chromium")
 # The main job: build in release and run every scenario this machine can run (loopback by default).
 test-local hosts="hosts/local.yaml" *args="": build-deps
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
+    # The RDMA scenarios skip on loopback; where a soft-RoCE VM can run (just setup-rxe), they run there too.
+    if [ "{{hosts}}" = "hosts/local.yaml" ] && command -v vng >/dev/null && [ -d /opt/wringer-vm/boot ]; then cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm.yaml --filter rdma {{args}}; fi
 
 # The nightly job: test-local (and the scenarios against an inventory, when given), the benchmarks, then the HTML report with history in reports/site/.
 nightly hosts="": build-deps (apt "sockperf" "iperf3")
