@@ -14,7 +14,7 @@ test: build-deps (apt "chromium")
 test-local hosts="hosts/local.yaml" *args="": build-deps
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
     # The RDMA scenarios skip on loopback; where a soft-RoCE VM can run (just setup-rxe), they run there too.
-    if [ "{{hosts}}" = "hosts/local.yaml" ] && command -v vng >/dev/null && [ -d /opt/wringer-vm/boot ]; then cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm.yaml --filter rdma {{args}}; fi
+    if [ "{{hosts}}" = "hosts/local.yaml" ] && command -v vng >/dev/null && [ -d /opt/wringer-vm/boot ]; then cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm.yaml --filter rdma {{args}} && cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm-pair.yaml --filter rdma-xhost {{args}}; fi
 
 # The nightly job: test-local (and the scenarios against an inventory, when given), the benchmarks, then the HTML report with history in reports/site/.
 nightly hosts="": build-deps (apt "sockperf" "iperf3")

@@ -74,6 +74,9 @@ pub enum ProfileKind {
     /// One VM (virtme-ng, TCG) with soft-RoCE devices, for machines whose kernel has no RDMA:
     /// the whole run happens inside it, on this machine's filesystem.
     RxeVm,
+    /// Two such VMs joined by a qemu socket link on 127.0.0.1, one rxe device each: a real
+    /// two-host RoCE link on one machine. The run happens in the first, reaching both over SSH.
+    RxeVmPair,
 }
 
 #[derive(Debug, Deserialize)]
@@ -117,6 +120,9 @@ pub struct SshSpec {
     pub port: Option<u16>,
     #[serde(default)]
     pub identity: Option<Spanned<String>>,
+    /// Accept a host key never seen before (throwaway test hosts only).
+    #[serde(default)]
+    pub trust_new_host_keys: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -138,6 +144,7 @@ impl HostProfile {
                 .unwrap_or(0),
             ProfileKind::Ssh => self.hosts.len(),
             ProfileKind::RxeVm => 1,
+            ProfileKind::RxeVmPair => 2,
         }
     }
 }
@@ -160,7 +167,7 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
                 ));
             }
         }
-        ProfileKind::RxeVm => match &p.vm {
+        ProfileKind::RxeVm | ProfileKind::RxeVmPair => match &p.vm {
             None => {
                 return Err(InputError::plain(
                     path,

@@ -18,7 +18,7 @@ const REMOTE_DIR: &str = "~/.cache/wringer";
 pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
     match profile.kind {
         // An rxe-vm run happens inside its VM (see `vm`), where ranks are local.
-        ProfileKind::Local | ProfileKind::RxeVm => Ok(Placement::Local),
+        ProfileKind::Local | ProfileKind::RxeVm | ProfileKind::RxeVmPair => Ok(Placement::Local),
         ProfileKind::Containers => {
             let spec = profile
                 .containers
@@ -70,7 +70,7 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
                         .identity
                         .as_ref()
                         .map(|i| PathBuf::from(shellexpand_home(&i.value))),
-                    trust_new_host_keys: false,
+                    trust_new_host_keys: h.ssh.trust_new_host_keys,
                 };
                 let dir = h
                     .remote_dir

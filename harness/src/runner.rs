@@ -74,7 +74,11 @@ pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, opts: &RunOptions) -> 
         profile.name,
         dir.display()
     );
-    if profile.kind == crate::hosts::ProfileKind::RxeVm {
+    let in_vm = matches!(
+        profile.kind,
+        crate::hosts::ProfileKind::RxeVm | crate::hosts::ProfileKind::RxeVmPair
+    );
+    if in_vm {
         // The whole run happens inside the VM; its results are recorded here as they are.
         let files: Vec<PathBuf> = selected.iter().map(|l| l.path.clone()).collect();
         for (i, result) in crate::vm::run(profile, &files, opts, seed, &dir, &interrupted)
@@ -86,7 +90,7 @@ pub fn run(scenarios: Vec<Loaded>, profile: &HostProfile, opts: &RunOptions) -> 
         }
     }
     for (i, loaded) in selected.iter().enumerate() {
-        if interrupted.load(Ordering::Relaxed) || profile.kind == crate::hosts::ProfileKind::RxeVm {
+        if interrupted.load(Ordering::Relaxed) || in_vm {
             break;
         }
         progress.start(i, &loaded.scenario.name);

@@ -158,6 +158,13 @@ pub enum Step {
         detect_timeout: Dur,
         deadline: Dur,
     },
+    /// DAQIRI #113 across hosts: rank 0 runs the RDMA server for `server_seconds`, rank 1 (on the
+    /// other host) SENDs `messages` and receives every echo; then the server's timer ends it.
+    RdmaXhostSend {
+        messages: u32,
+        server_seconds: Dur,
+        deadline: Dur,
+    },
     /// Do nothing for `duration`: a harness self-test for the watchdog.
     Stall { duration: Dur, deadline: Dur },
 }
@@ -179,6 +186,7 @@ impl Step {
             Step::RdmaGracefulShutdown { .. } => "rdma-graceful-shutdown",
             Step::RdmaInterfaceIndex { .. } => "rdma-interface-index",
             Step::RdmaPeerDeath { .. } => "rdma-peer-death",
+            Step::RdmaXhostSend { .. } => "rdma-xhost-send",
             Step::Stall { .. } => "stall",
         }
     }
@@ -199,6 +207,7 @@ impl Step {
             | Step::RdmaGracefulShutdown { deadline, .. }
             | Step::RdmaInterfaceIndex { deadline }
             | Step::RdmaPeerDeath { deadline, .. }
+            | Step::RdmaXhostSend { deadline, .. }
             | Step::Stall { deadline, .. } => *deadline,
         }
     }
@@ -273,6 +282,14 @@ impl Step {
             ],
             Step::RdmaInterfaceIndex { .. } => &[RdmaInterfacesServed, RdmaInterfaceMismatches],
             Step::RdmaPeerDeath { .. } => &[SurvivorDetected, DetectMs],
+            Step::RdmaXhostSend { .. } => &[
+                RdmaTxMessages,
+                RdmaRxMessages,
+                RdmaEchoes,
+                RetryExcErr,
+                RdmaShutdownMs,
+                RdmaCompletionErrors,
+            ],
             Step::Stall { .. } => &[],
         }
     }
@@ -325,6 +342,7 @@ pub enum Metric {
     RdmaStatsSamples,
     RdmaInterfacesServed,
     RdmaInterfaceMismatches,
+    RdmaEchoes,
 }
 
 impl Metric {

@@ -1,20 +1,28 @@
-//! The `rxe-vm` host profile: for machines whose kernel has no RDMA. One VM (virtme-ng, TCG,
-//! this machine's filesystem read-only) gets soft-RoCE devices, and the run happens inside it:
-//! the same wringer binary runs the selected scenarios there on a local profile that must have
-//! RDMA, writing its report into a folder the VM may write. Its results are then recorded here.
+//! Soft-RoCE VMs (virtme-ng under TCG, this machine's filesystem read-only inside) for machines
+//! whose kernel has no RDMA. The run happens inside a VM: the same wringer binary runs the
+//! selected scenarios there and writes its report into a folder the VM may write; its results
+//! are then recorded here.
+//!
+//! - `rxe-vm`: one VM with `rxe_devices` soft-RoCE devices, each on its own veth; ranks are
+//!   local processes inside it.
+//! - `rxe-vm-pair`: two VMs joined by a qemu socket link bound to 127.0.0.1 (10.0.0.1 and
+//!   10.0.0.2, one rxe device each). Both run sshd with a key made for the run; the first runs
+//!   the coordinator, which reaches both hosts over SSH: the same path as a real pair.
 
+use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::hosts::HostProfile;
+use crate::hosts::{HostProfile, ProfileKind, VmSpec};
 use crate::report::{Evidence, ScenarioResult, Verdict};
 use crate::runner::RunOptions;
+use crate::ssh::quote;
 
-/// Time to boot the VM and set up rxe under TCG, on top of the scenarios' own deadlines.
-const BOOT_ALLOWANCE: Duration = Duration::from_secs(240);
+/// Time to boot and set up under TCG, on top of the scenarios' own deadlines.
+const BOOT_ALLOWANCE: Duration = Duration::from_secs(300);
 
 pub fn run(
     profile: &HostProfile,
@@ -24,15 +32,16 @@ pub fn run(
     dir: &Path,
     interrupted: &AtomicBool,
 ) -> Vec<ScenarioResult> {
-    let names: Vec<(String, PathBuf)> = files
+    let loaded: Vec<crate::scenario::Loaded> = files
         .iter()
-        .filter_map(|f| {
-            crate::scenario::load(f)
-                .ok()
-                .map(|l| (l.scenario.name.clone(), f.clone()))
-        })
+        .filter_map(|f| crate::scenario::load(f).ok())
         .collect();
-    let outcome = (|| -> Result<Vec<ScenarioResult>, String> {
+    let budget = loaded
+        .iter()
+        .map(|l| l.scenario.deadline.0 * opts.repeat.unwrap_or(l.scenario.repeat))
+        .sum::<Duration>()
+        + BOOT_ALLOWANCE;
+    let outcome = (|| -> Result<(Vec<ScenarioResult>, Option<&'static str>, PathBuf), String> {
         let vm = profile.vm.as_ref().ok_or("the profile has no `vm`")?;
         if !crate::probe::on_path("vng") || !crate::probe::on_path("qemu-system-x86_64") {
             return Err(
@@ -45,117 +54,312 @@ pub fn run(
                 vm.kernel.display()
             ));
         }
-        let dir = std::path::absolute(dir).map_err(|e| e.to_string())?;
-        let inner = dir.join("vm");
+        let inner = std::path::absolute(dir)
+            .map_err(|e| e.to_string())?
+            .join("vm");
         std::fs::create_dir_all(&inner).map_err(|e| e.to_string())?;
-        let hosts = inner.join("rxe.yaml");
-        std::fs::write(
-            &hosts,
-            format!(
-                "name: {}\ndescription: inside the rxe VM\nkind: local\nmust_have: [rdma]\n",
-                profile.name
-            ),
-        )
-        .map_err(|e| e.to_string())?;
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
-        let mut script = String::from("set -e\nmodprobe rdma_rxe\n");
-        for i in 0..vm.rxe_devices {
-            script.push_str(&format!(
-                "ip link add wrx{i}a type veth peer name wrx{i}b\nip link set wrx{i}a up\nip link set wrx{i}b up\nip addr add 10.213.{i}.1/24 dev wrx{i}a\nrdma link add rxe{i} type rxe netdev wrx{i}a\n"
-            ));
-        }
-        let mut args = vec!["run".to_string()];
-        args.extend(files.iter().map(|f| {
-            std::path::absolute(f)
-                .unwrap_or_else(|_| f.clone())
-                .display()
-                .to_string()
-        }));
-        args.extend([
-            "--hosts".into(),
-            hosts.display().to_string(),
-            "--report-dir".into(),
-            inner.join("report").display().to_string(),
-        ]);
-        args.extend(["--seed".into(), seed.to_string()]);
-        if let Some(r) = opts.repeat {
-            args.extend(["--repeat".into(), r.to_string()]);
-        }
-        if opts.strict {
-            args.push("--strict".into());
-        }
-        let quoted: Vec<String> = args.iter().map(|a| crate::ssh::quote(a)).collect();
-        script.push_str(&format!(
-            "cd {}\nset +e\nCI=true {} {}\necho $? > {}\n",
-            crate::ssh::quote(&cwd.display().to_string()),
-            crate::ssh::quote(&exe.display().to_string()),
-            quoted.join(" "),
-            inner.join("exit").display()
-        ));
-        let script_path = inner.join("run.sh");
-        std::fs::write(&script_path, script).map_err(|e| e.to_string())?;
-        let console =
-            std::fs::File::create(inner.join("console.log")).map_err(|e| e.to_string())?;
-        let budget: Duration = names
-            .iter()
-            .filter_map(|(_, f)| crate::scenario::load(f).ok())
-            .map(|l| l.scenario.deadline.0 * opts.repeat.unwrap_or(l.scenario.repeat))
-            .sum::<Duration>()
-            + BOOT_ALLOWANCE;
-        let mut child = Command::new("vng")
-            .args(["--disable-kvm", "--run"])
-            .arg(&vm.kernel)
-            .args([
-                "--memory",
-                &vm.memory,
-                "--cpus",
-                &vm.cpus.to_string(),
-                "--rwdir",
-            ])
-            .arg(&inner)
-            .arg("--exec")
-            .arg(format!("sh {}", script_path.display()))
-            .stdin(Stdio::null())
-            .stdout(console.try_clone().map_err(|e| e.to_string())?)
-            .stderr(console)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| format!("starting vng: {e}"))?;
-        let deadline = Instant::now() + budget;
-        let ended = loop {
-            if let Ok(Some(_)) = child.try_wait() {
-                break None;
+        let ended = match profile.kind {
+            ProfileKind::RxeVmPair => {
+                run_pair(profile, vm, files, opts, seed, &inner, budget, interrupted)?
             }
-            if interrupted.load(Ordering::Relaxed) {
-                break Some("interrupted");
-            }
-            if Instant::now() > deadline {
-                break Some("the VM run passed its deadline");
-            }
-            std::thread::sleep(Duration::from_millis(100));
+            _ => run_single(profile, vm, files, opts, seed, &inner, budget, interrupted)?,
         };
-        // The VM (qemu and vng) goes with its process group on every path.
-        // SAFETY: signals the process group created for vng above.
-        unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
-        let _ = child.wait();
-        let results = read_results(&inner.join("report/results.json"));
-        let console = inner.join("console.log").display().to_string();
-        let mut out = results;
-        // Scenarios the VM never reported: failures with the reason and the console log.
-        for (name, file) in &names {
-            if !out.iter().any(|r| &r.name == name) {
-                let why =
-                    ended.unwrap_or("the VM ended before reporting it (boot or rxe setup failed?)");
-                out.push(failed(name, file, format!("{why}; VM console: {console}")));
-            }
-        }
-        Ok(out)
+        Ok((
+            read_results(&inner.join("report/results.json")),
+            ended,
+            inner,
+        ))
     })();
     match outcome {
-        Ok(r) => r,
-        Err(why) => names.iter().map(|(n, f)| skipped(n, f, &why)).collect(),
+        Ok((mut results, ended, inner)) => {
+            // Scenarios the VM never reported: failures with the reason and the console logs.
+            for l in &loaded {
+                if !results.iter().any(|r| r.name == l.scenario.name) {
+                    let why = ended.unwrap_or(
+                        "the VM ended before reporting it (boot or RDMA set-up failed?)",
+                    );
+                    results.push(blank(
+                        &l.scenario.name,
+                        &l.path,
+                        Verdict::Fail,
+                        format!("{why}; VM consoles in {}", inner.display()),
+                    ));
+                }
+            }
+            results
+        }
+        Err(why) => loaded
+            .iter()
+            .map(|l| {
+                // A skip for hardware the profile must have is a failure.
+                let must = opts.strict
+                    || l.scenario
+                        .requires
+                        .iter()
+                        .any(|r| profile.must_have.contains(r));
+                blank(
+                    &l.scenario.name,
+                    &l.path,
+                    if must { Verdict::Fail } else { Verdict::Skip },
+                    why.clone(),
+                )
+            })
+            .collect(),
     }
+}
+
+/// The inner `wringer run` command line (the run itself, inside the first VM).
+fn wringer_run(
+    files: &[PathBuf],
+    hosts: &Path,
+    opts: &RunOptions,
+    seed: u64,
+    inner: &Path,
+) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
+    let mut args = vec![exe.display().to_string(), "run".into()];
+    args.extend(files.iter().map(|f| {
+        std::path::absolute(f)
+            .unwrap_or_else(|_| f.clone())
+            .display()
+            .to_string()
+    }));
+    args.extend([
+        "--hosts".into(),
+        hosts.display().to_string(),
+        "--report-dir".into(),
+        inner.join("report").display().to_string(),
+    ]);
+    args.extend(["--seed".into(), seed.to_string()]);
+    if let Some(r) = opts.repeat {
+        args.extend(["--repeat".into(), r.to_string()]);
+    }
+    if opts.strict {
+        args.push("--strict".into());
+    }
+    let words: Vec<String> = args.iter().map(|a| quote(a)).collect();
+    Ok(format!(
+        "cd {}\nCI=true {}\necho $? > {}\n",
+        quote(&cwd.display().to_string()),
+        words.join(" "),
+        quote(&inner.join("exit").display().to_string())
+    ))
+}
+
+fn vng(
+    vm: &VmSpec,
+    memory: &str,
+    cpus: u32,
+    inner: &Path,
+    script: &Path,
+    console: &Path,
+    extra: Option<String>,
+) -> Result<Child, String> {
+    let log = std::fs::File::create(console).map_err(|e| e.to_string())?;
+    let mut c = Command::new("vng");
+    c.args(["--disable-kvm", "--run"])
+        .arg(&vm.kernel)
+        .args(["--memory", memory, "--cpus", &cpus.to_string(), "--rwdir"])
+        .arg(inner);
+    if let Some(q) = extra {
+        c.arg(format!("--qemu-opts={q}"));
+    }
+    c.arg("--exec")
+        .arg(format!("sh {}", script.display()))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("starting vng: {e}"))
+}
+
+/// Wait for `child` within `deadline` (or until interrupted); the VM's process group goes on
+/// every path.
+fn wait_vm(child: &mut Child, deadline: Instant, interrupted: &AtomicBool) -> Option<&'static str> {
+    let ended = loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break None;
+        }
+        if interrupted.load(Ordering::Relaxed) {
+            break Some("interrupted");
+        }
+        if Instant::now() > deadline {
+            break Some("the VM run passed its deadline");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    kill_vm(child);
+    ended
+}
+
+fn kill_vm(child: &mut Child) {
+    // SAFETY: signals the process group created for this vng (qemu included).
+    unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_single(
+    profile: &HostProfile,
+    vm: &VmSpec,
+    files: &[PathBuf],
+    opts: &RunOptions,
+    seed: u64,
+    inner: &Path,
+    budget: Duration,
+    interrupted: &AtomicBool,
+) -> Result<Option<&'static str>, String> {
+    let hosts = inner.join("rxe.yaml");
+    std::fs::write(
+        &hosts,
+        format!(
+            "name: {}\ndescription: inside the rxe VM\nkind: local\nmust_have: [rdma]\n",
+            profile.name
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut script = String::from("set -e\nmodprobe rdma_rxe\n");
+    for i in 0..vm.rxe_devices {
+        script.push_str(&format!(
+            "ip link add wrx{i}a type veth peer name wrx{i}b\nip link set wrx{i}a up\nip link set wrx{i}b up\nip addr add 10.213.{i}.1/24 dev wrx{i}a\nrdma link add rxe{i} type rxe netdev wrx{i}a\n"
+        ));
+    }
+    script.push_str("set +e\n");
+    script.push_str(&wringer_run(files, &hosts, opts, seed, inner)?);
+    let path = inner.join("run.sh");
+    std::fs::write(&path, script).map_err(|e| e.to_string())?;
+    let mut child = vng(
+        vm,
+        &vm.memory,
+        vm.cpus,
+        inner,
+        &path,
+        &inner.join("console.log"),
+        None,
+    )?;
+    Ok(wait_vm(&mut child, Instant::now() + budget, interrupted))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_pair(
+    profile: &HostProfile,
+    vm: &VmSpec,
+    files: &[PathBuf],
+    opts: &RunOptions,
+    seed: u64,
+    inner: &Path,
+    budget: Duration,
+    interrupted: &AtomicBool,
+) -> Result<Option<&'static str>, String> {
+    let key = inner.join("key");
+    let _ = std::fs::remove_file(&key);
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .output()
+        .map_err(|e| format!("ssh-keygen: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ssh-keygen failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::copy(key.with_extension("pub"), inner.join("authorized_keys"))
+        .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(inner.join("done"));
+    // Both VMs: NIC up, one rxe device on it, sshd (PAM, since root's password is locked) on a
+    // host key made at boot.
+    let host = format!(
+        "set -e\nmodprobe virtio_net\nfor i in $(seq 1 50); do NIC=$(ip -o link | awk -F': ' '$2 != \"lo\" {{print $2; exit}}'); [ -n \"$NIC\" ] && break; sleep 0.2; done\n\
+         ip addr add 10.0.0.$1/24 dev $NIC\nip link set $NIC up\nmodprobe rdma_rxe\nrdma link add rxe0 type rxe netdev $NIC\n\
+         mkdir -p /tmp/sshd /run/sshd\nssh-keygen -q -t ed25519 -N '' -f /tmp/sshd/host_key\n\
+         /usr/sbin/sshd -f /dev/null -o HostKey=/tmp/sshd/host_key -o AuthorizedKeysFile={keys} -o PermitRootLogin=prohibit-password \
+         -o StrictModes=no -o UsePAM=yes -o PidFile=/tmp/sshd/pid -o ListenAddress=10.0.0.$1 -o MaxStartups=100:30:200\n",
+        keys = quote(&inner.join("authorized_keys").display().to_string())
+    );
+    std::fs::write(inner.join("host.sh"), host).map_err(|e| e.to_string())?;
+    let done = quote(&inner.join("done").display().to_string());
+    std::fs::write(
+        inner.join("b.sh"),
+        format!(
+            "sh {} 2\nwhile [ ! -f {done} ]; do sleep 1; done\n",
+            quote(&inner.join("host.sh").display().to_string())
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let hosts = inner.join("pair.yaml");
+    let host_entry = |n: u8, name: &str| {
+        format!(
+            "  - name: {name}\n    ssh: {{ host: 10.0.0.{n}, user: root, identity: {key}, trust_new_host_keys: true }}\n    data_addr: 10.0.0.{n}\n    remote_dir: {dir}\n",
+            key = key.display(),
+            dir = inner.join(name).display()
+        )
+    };
+    std::fs::write(
+        &hosts,
+        format!("name: {}\ndescription: two soft-RoCE VMs\nkind: ssh\ncoordinator_addr: 10.0.0.1\nhosts:\n{}{}must_have: [rdma, xhost]\n", profile.name, host_entry(1, "vm-a"), host_entry(2, "vm-b")),
+    )
+    .map_err(|e| e.to_string())?;
+    let a = format!(
+        "sh {} 1\nset +e\n{}touch {done}\n",
+        quote(&inner.join("host.sh").display().to_string()),
+        wringer_run(files, &hosts, opts, seed, inner)?
+    );
+    std::fs::write(inner.join("a.sh"), a).map_err(|e| e.to_string())?;
+
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port();
+    let nic = |mode: &str, mac: u8| {
+        format!("-netdev socket,id=n0,{mode}=127.0.0.1:{port} -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:0{mac}")
+    };
+    let deadline = Instant::now() + budget;
+    let mut b = vng(
+        vm,
+        &vm.memory,
+        vm.cpus,
+        inner,
+        &inner.join("b.sh"),
+        &inner.join("console-b.log"),
+        Some(nic("listen", 2)),
+    )?;
+    // Host A connects to host B's link: wait (bounded) until B's qemu listens.
+    let needle = format!("0100007F:{port:04X}");
+    while !std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(&needle) && l.split_whitespace().nth(3) == Some("0A"))
+    {
+        if Instant::now() > deadline
+            || interrupted.load(Ordering::Relaxed)
+            || matches!(b.try_wait(), Ok(Some(_)))
+        {
+            kill_vm(&mut b);
+            return Ok(Some("host B's VM never opened its link"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut a = match vng(
+        vm,
+        &vm.memory,
+        vm.cpus,
+        inner,
+        &inner.join("a.sh"),
+        &inner.join("console-a.log"),
+        Some(nic("connect", 1)),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            kill_vm(&mut b);
+            return Err(e);
+        }
+    };
+    let ended = wait_vm(&mut a, deadline, interrupted);
+    kill_vm(&mut b);
+    Ok(ended)
 }
 
 fn read_results(path: &Path) -> Vec<ScenarioResult> {
@@ -183,12 +387,4 @@ fn blank(name: &str, file: &Path, verdict: Verdict, reason: String) -> ScenarioR
         latency: Default::default(),
         evidence: Evidence::default(),
     }
-}
-
-fn failed(name: &str, file: &Path, reason: String) -> ScenarioResult {
-    blank(name, file, Verdict::Fail, reason)
-}
-
-fn skipped(name: &str, file: &Path, reason: &str) -> ScenarioResult {
-    blank(name, file, Verdict::Skip, reason.to_string())
 }

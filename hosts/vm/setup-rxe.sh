@@ -7,12 +7,21 @@ kver="${WRINGER_VM_KERNEL:-6.1.0-56-amd64}"
 dest="${WRINGER_VM_DIR:-/opt/wringer-vm}"
 sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
 
-pkgs=(qemu-system-x86 rdma-core ibverbs-utils perftest rdmacm-utils busybox-static kmod iproute2)
+# openssh-server: sshd runs inside the rxe-vm-pair VMs (from this machine's files). Installed
+# with service starts denied, so no sshd starts on this machine.
+pkgs=(qemu-system-x86 rdma-core ibverbs-utils perftest rdmacm-utils busybox-static kmod iproute2 openssh-server openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
     $sudo apt-get update -qq
+    deny=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+        $sudo chmod +x /usr/sbin/policy-rc.d
+        deny=1
+    fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+    [ -n "$deny" ] && $sudo rm -f /usr/sbin/policy-rc.d
 fi
 command -v vng >/dev/null || pip install --quiet virtme-ng
 

@@ -119,6 +119,18 @@ pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
             deadline,
             &mut report,
         )?,
+        Step::RdmaXhostSend {
+            messages,
+            server_seconds,
+            ..
+        } => rdma::xhost_send(
+            ctx,
+            index,
+            *messages,
+            server_seconds.0,
+            deadline,
+            &mut report,
+        )?,
         Step::Stall { duration, .. } => std::thread::sleep(duration.0),
     }
     Ok(report)

@@ -413,3 +413,88 @@ pub fn peer_death(
     ));
     Ok(())
 }
+
+pub fn xhost_send(
+    ctx: &Ctx,
+    step: usize,
+    messages: u32,
+    server_seconds: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let server_ip = ctx.peers[0]
+        .rdma
+        .context("rank 0 has no active RoCE interface")?;
+    let rc = options(4096, deadline);
+    if ctx.rank == 0 {
+        let started = Instant::now();
+        // The server posts its receives before it accepts (RdmaServer does, by construction).
+        let server = RdmaServer::start(ServerOptions {
+            interfaces: vec![server_ip],
+            port: port(step),
+            rc,
+            pool: 2,
+            stats_period: Duration::from_millis(100),
+        })?;
+        ctx.control
+            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        ctx.control
+            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        // Serve until the timer, then shut down gracefully: the exit must follow the timer.
+        let timer = started + server_seconds;
+        while Instant::now() < timer {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let t = Instant::now();
+        let served = server.served();
+        let stats = server.shutdown();
+        report
+            .metrics
+            .insert("rdma_shutdown_ms".into(), t.elapsed().as_secs_f64() * 1e3);
+        report.metrics.insert(
+            "rdma_rx_messages".into(),
+            served.iter().map(|s| s.messages).sum::<u64>() as f64,
+        );
+        report.metrics.insert(
+            "rdma_completion_errors".into(),
+            stats.completion_errors as f64,
+        );
+        report
+            .notes
+            .push(format!("server on {server_ip}: {stats:?}"));
+    } else {
+        ctx.control
+            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        let mut conn = connect(SocketAddr::new(server_ip, port(step)), rc)
+            .with_context(|| format!("connecting to {server_ip} from the other host"))?;
+        let (mut sent, mut echoes) = (0u32, 0u32);
+        for i in 0..messages {
+            let msg = pattern(ctx.seed, i as u64, 1024);
+            conn.send(&msg, deadline)?;
+            sent += 1;
+            if conn.recv(deadline)? == Received::Message(msg) {
+                echoes += 1;
+            }
+        }
+        report
+            .metrics
+            .insert("rdma_tx_messages".into(), sent as f64);
+        report.metrics.insert("rdma_echoes".into(), echoes as f64);
+        report.metrics.insert(
+            "retry_exc_err".into(),
+            conn.counts().get("RETRY_EXC_ERR") as f64,
+        );
+        report.notes.push(format!(
+            "client {:?} -> {server_ip}: {:?}",
+            local_address(),
+            conn.counts().0
+        ));
+        drop(conn);
+        ctx.control
+            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+    }
+    Ok(())
+}
