@@ -21,7 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
         deny=1
     fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
-    [ -n "$deny" ] && $sudo rm -f /usr/sbin/policy-rc.d
+    if [ -n "$deny" ]; then $sudo rm -f /usr/sbin/policy-rc.d; fi
 fi
 command -v vng >/dev/null || pip install --quiet virtme-ng
 
