@@ -165,6 +165,13 @@ pub enum Step {
         server_seconds: Dur,
         deadline: Dur,
     },
+    /// Rank 0 plays ping-pong with rdma-core's `ibv_rc_pingpong` on this host, in both roles,
+    /// speaking its out-of-band exchange.
+    RdmaInteropRcPingpong {
+        size: u32,
+        iterations: u32,
+        deadline: Dur,
+    },
     /// Do nothing for `duration`: a harness self-test for the watchdog.
     Stall { duration: Dur, deadline: Dur },
 }
@@ -187,6 +194,7 @@ impl Step {
             Step::RdmaInterfaceIndex { .. } => "rdma-interface-index",
             Step::RdmaPeerDeath { .. } => "rdma-peer-death",
             Step::RdmaXhostSend { .. } => "rdma-xhost-send",
+            Step::RdmaInteropRcPingpong { .. } => "rdma-interop-rc-pingpong",
             Step::Stall { .. } => "stall",
         }
     }
@@ -208,6 +216,7 @@ impl Step {
             | Step::RdmaInterfaceIndex { deadline }
             | Step::RdmaPeerDeath { deadline, .. }
             | Step::RdmaXhostSend { deadline, .. }
+            | Step::RdmaInteropRcPingpong { deadline, .. }
             | Step::Stall { deadline, .. } => *deadline,
         }
     }
@@ -215,7 +224,7 @@ impl Step {
     /// Fewest ranks the step needs.
     fn min_ranks(&self) -> u32 {
         match self {
-            Step::Stall { .. } => 1,
+            Step::Stall { .. } | Step::RdmaInteropRcPingpong { .. } => 1,
             Step::ExitBeforeFirstExchange { .. } => 3,
             _ => 2,
         }
@@ -290,6 +299,9 @@ impl Step {
                 RdmaShutdownMs,
                 RdmaCompletionErrors,
             ],
+            Step::RdmaInteropRcPingpong { .. } => {
+                &[InteropAsClient, InteropAsServer, RdmaCompletionErrors]
+            }
             Step::Stall { .. } => &[],
         }
     }
@@ -343,6 +355,8 @@ pub enum Metric {
     RdmaInterfacesServed,
     RdmaInterfaceMismatches,
     RdmaEchoes,
+    InteropAsClient,
+    InteropAsServer,
 }
 
 impl Metric {

@@ -131,6 +131,9 @@ pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
             deadline,
             &mut report,
         )?,
+        Step::RdmaInteropRcPingpong {
+            size, iterations, ..
+        } => rdma::interop(ctx, *size, *iterations, deadline, &mut report)?,
         Step::Stall { duration, .. } => std::thread::sleep(duration.0),
     }
     Ok(report)

@@ -14,6 +14,22 @@ use super::pattern;
 use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
+/// The device, port and GID index behind this host's first active RoCE v2 IPv4 GID.
+fn local_gid() -> Option<(String, u8, u32)> {
+    let devices = discover(Path::new("/sys")).ok()?;
+    devices.iter().find_map(|d| {
+        d.ports
+            .iter()
+            .filter(|p| p.state == PortState::Active)
+            .find_map(|p| {
+                p.gids
+                    .iter()
+                    .find(|g| g.kind == GidType::RoceV2 && matches!(g.ip, Some(IpAddr::V4(_))))
+                    .map(|g| (d.name.clone(), p.number as u8, g.index))
+            })
+    })
+}
+
 /// This host's first active RoCE v2 address (IPv4), if it has RDMA at all.
 pub fn local_address() -> Option<IpAddr> {
     local_addresses().into_iter().next()
@@ -496,5 +512,130 @@ pub fn xhost_send(
         ctx.control
             .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
     }
+    Ok(())
+}
+
+/// `ibv_rc_pingpong` as a child: killed and reaped on every path; its stdout+stderr returned.
+fn reference(args: &[String], limit: Duration) -> Result<(bool, String)> {
+    let mut child = std::process::Command::new("ibv_rc_pingpong")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting ibv_rc_pingpong (install ibverbs-utils)")?;
+    let mut pipes = (child.stdout.take(), child.stderr.take());
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut out = String::new();
+        if let Some(s) = pipes.0.as_mut() {
+            let _ = s.read_to_string(&mut out);
+        }
+        if let Some(s) = pipes.1.as_mut() {
+            let _ = s.read_to_string(&mut out);
+        }
+        out
+    });
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break Some(s);
+        }
+        if Instant::now() > end {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = reader.join().unwrap_or_default();
+    Ok((status.is_some_and(|s| s.success()), out))
+}
+
+pub fn interop(
+    ctx: &Ctx,
+    size: u32,
+    iterations: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    use transport::rdma::compat::{run, CompatOptions, Role};
+    if ctx.rank != 0 {
+        return Ok(());
+    }
+    let (device, port, gid) = local_gid().context("no active RoCE v2 GID on this host")?;
+    let opts = CompatOptions {
+        device: device.clone(),
+        port,
+        gid_index: gid,
+        size: size as usize,
+        iterations,
+        timeout: deadline,
+    };
+    let common = vec![
+        "-d".to_string(),
+        device,
+        "-i".into(),
+        port.to_string(),
+        "-g".into(),
+        gid.to_string(),
+        "-s".into(),
+        size.to_string(),
+        "-n".into(),
+        iterations.to_string(),
+    ];
+    let mut errors = 0u64;
+    for (role, tcp) in [("client", 18515u16), ("server", 18516u16)] {
+        let mut args = common.clone();
+        args.extend(["-p".into(), tcp.to_string()]);
+        let (ours, theirs) = if role == "client" {
+            // ibv_rc_pingpong serves; we connect.
+            let tool = std::thread::spawn(move || reference(&args, deadline));
+            let ours = run(
+                Role::Client {
+                    server: SocketAddr::from(([127, 0, 0, 1], tcp)),
+                },
+                &opts,
+            );
+            (
+                ours,
+                tool.join()
+                    .map_err(|_| anyhow::anyhow!("reference thread panicked"))??,
+            )
+        } else {
+            args.push("127.0.0.1".into());
+            let tool = std::thread::spawn(move || reference(&args, deadline));
+            let ours = run(Role::Server { tcp_port: tcp }, &opts);
+            (
+                ours,
+                tool.join()
+                    .map_err(|_| anyhow::anyhow!("reference thread panicked"))??,
+            )
+        };
+        let ok = ours.is_ok() && theirs.0;
+        let line = theirs
+            .1
+            .lines()
+            .find(|l| l.contains("usec/iter"))
+            .unwrap_or("(no timing line)")
+            .trim()
+            .to_string();
+        match &ours {
+            Ok(o) => {
+                errors += o.counts.errors();
+                report.notes.push(format!("wringer as {role}: {} iterations, {:.1} usec/iter; ibv_rc_pingpong: {line} (exit ok: {})", o.iterations, o.usec_per_iter, theirs.0));
+            }
+            Err(e) => report.notes.push(format!(
+                "wringer as {role}: {e}; ibv_rc_pingpong said: {}",
+                theirs.1.trim()
+            )),
+        }
+        report
+            .metrics
+            .insert(format!("interop_as_{role}"), ok as u8 as f64);
+    }
+    report
+        .metrics
+        .insert("rdma_completion_errors".into(), errors as f64);
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! The rule from the DAQIRI seed: everything that picks an interface uses the index into the
 //! *configured* interface list ([`interfaces::Interface::index`]), never an IB port number.
 
+pub mod compat;
 pub mod discovery;
 pub mod interfaces;
 pub mod rc;
