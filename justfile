@@ -38,7 +38,7 @@ nightly hosts="": build-deps (apt "sockperf" "iperf3")
 
 # Parse and check every scenario and the runnable host profiles (the example pair inventories hold placeholders on purpose).
 validate:
-    cargo run -q -p harness -- validate scenarios hosts/local.yaml hosts/containers.yaml
+    cargo run -q -p harness -- validate scenarios hosts/local.yaml hosts/containers.yaml hosts/rxe.yaml hosts/rxe-vm.yaml hosts/rxe-vm-pair.yaml
 
 # Build the container test-host image locally (debootstrap + docker import; no registry needed). Idempotent.
 setup-containers: (apt "debootstrap" "openssh-client")
