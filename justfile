@@ -63,6 +63,19 @@ bench seconds="3": build-deps (apt "sockperf" "iperf3")
     cargo run --release -q -p harness --bin wringer -- bench --seconds {{seconds}} --out reports/bench
     cargo bench -p transport --bench frame --bench tcp
 
+# The RDMA rows of the bench (ours vs ib_send_lat and ib_write_bw, same VM, same sizes), inside a soft-RoCE VM.
+bench-rdma: build-deps setup-rxe
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build --release -q -p harness
+    out="$PWD/reports/bench-rdma"
+    mkdir -p "$out"
+    printf '%s\n' 'modprobe rdma_rxe' 'ip link add wrx0a type veth peer name wrx0b' 'ip link set wrx0a up' 'ip link set wrx0b up' \
+        'ip addr add 10.213.0.1/24 dev wrx0a' 'rdma link add rxe0 type rxe netdev wrx0a' \
+        "cd $PWD && CI=true ./target/release/wringer bench --rdma-only --out $out > $out/bench.log 2>&1" > "$out/run.sh"
+    timeout 900 vng --disable-kvm --run /opt/wringer-vm/boot/vmlinuz-6.1.0-56-amd64 --memory 2G --cpus 2 --rwdir "$out" --exec "sh $out/run.sh" > "$out/console.log" 2>&1 || true
+    cat "$out/bench.md"
+
 # Fuzz the frame decoder (not part of CI). cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
 fuzz seconds="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked

@@ -73,6 +73,9 @@ enum Command {
         /// Rank counts for the coordinator start-up measurement.
         #[arg(long, value_delimiter = ',', default_value = "2,8,32,64")]
         ranks: Vec<u32>,
+        /// Only the RDMA rows (used inside the rxe VM by `just bench-rdma`).
+        #[arg(long)]
+        rdma_only: bool,
     },
     /// Write one self-contained HTML page from run folders and the history of earlier runs.
     Report {
@@ -180,11 +183,13 @@ fn main() -> ExitCode {
             seconds,
             out,
             ranks,
+            rdma_only,
         } => (|| {
             let opts = harness::bench::BenchOptions {
                 seconds,
                 out_dir: out.clone(),
                 ranks,
+                rdma_only,
             };
             let report = harness::bench::run(&opts)?;
             harness::say!("{}", harness::bench::markdown(&report).trim_end());

@@ -42,13 +42,13 @@ fn free_port() -> Result<u16, String> {
 /// read from /proc/net/tcp, so the check never connects to the tool itself.
 fn start_server(cmd: &[&str], port: u16) -> Result<Reaped, String> {
     let server = spawn(cmd)?;
-    let needle = format!("0100007F:{port:04X}");
+    let needle = format!(":{port:04X}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
         let listening = table.lines().any(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 3 && f[1] == needle && f[3] == "0A"
+            f.len() > 3 && f[1].ends_with(&needle) && f[3] == "0A"
         });
         if listening {
             return Ok(server);
@@ -166,4 +166,97 @@ pub fn iperf3_bandwidth(run: Duration) -> Result<f64, String> {
         .as_f64()
         .map(|bps| bps / 1e9)
         .ok_or_else(|| "iperf3 reported no received bandwidth".to_string())
+}
+
+/// One-way latency "typical" and 99th percentile (µs) from `ib_send_lat` on this host.
+pub fn ib_send_lat(
+    dev: &str,
+    port: u8,
+    gid: u32,
+    ip: &str,
+    size: usize,
+    iters: u32,
+) -> Result<(f64, f64), String> {
+    let tcp = free_port()?;
+    let common = perftest_args(dev, port, gid, size, iters, tcp);
+    let common: Vec<&str> = common.iter().map(String::as_str).collect();
+    let mut server = vec!["ib_send_lat"];
+    server.extend(&common);
+    let _server = start_server(&server, tcp)?;
+    let mut client = server.clone();
+    client.push(ip);
+    let out = run_client(&client, Duration::from_secs(120))?;
+    let cols = result_line(&out, size).ok_or_else(|| {
+        format!(
+            "unreadable ib_send_lat output: {}",
+            out.lines().last().unwrap_or("")
+        )
+    })?;
+    // bytes iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+    match (cols.get(4), cols.get(7)) {
+        (Some(t), Some(p99)) => Ok((*t, *p99)),
+        _ => Err("short ib_send_lat result line".into()),
+    }
+}
+
+/// Average bandwidth (Gbit/s) from `ib_write_bw` on this host.
+pub fn ib_write_bw(
+    dev: &str,
+    port: u8,
+    gid: u32,
+    ip: &str,
+    size: usize,
+    iters: u32,
+) -> Result<f64, String> {
+    let tcp = free_port()?;
+    let mut args = perftest_args(dev, port, gid, size, iters, tcp);
+    args.push("--report_gbits".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut server = vec!["ib_write_bw"];
+    server.extend(&args);
+    let _server = start_server(&server, tcp)?;
+    let mut client = server.clone();
+    client.push(ip);
+    let out = run_client(&client, Duration::from_secs(120))?;
+    // bytes iterations BW-peak BW-average MsgRate
+    result_line(&out, size)
+        .and_then(|c| c.get(3).copied())
+        .ok_or_else(|| {
+            format!(
+                "unreadable ib_write_bw output: {}",
+                out.lines().last().unwrap_or("")
+            )
+        })
+}
+
+fn perftest_args(dev: &str, port: u8, gid: u32, size: usize, iters: u32, tcp: u16) -> Vec<String> {
+    [
+        "-d",
+        dev,
+        "-i",
+        &port.to_string(),
+        "-x",
+        &gid.to_string(),
+        "-s",
+        &size.to_string(),
+        "-n",
+        &iters.to_string(),
+        "-F",
+        "-p",
+        &tcp.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The numbers on perftest's result line for `size` (it starts with the message size).
+fn result_line(out: &str, size: usize) -> Option<Vec<f64>> {
+    out.lines().find_map(|l| {
+        let cols: Vec<f64> = l
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .collect();
+        (cols.first() == Some(&(size as f64)) && cols.len() >= 4).then_some(cols)
+    })
 }

@@ -15,7 +15,7 @@ use crate::protocol::StepReport;
 use crate::rank::Ctx;
 
 /// The device, port and GID index behind this host's first active RoCE v2 IPv4 GID.
-fn local_gid() -> Option<(String, u8, u32)> {
+pub fn local_gid() -> Option<(String, u8, u32)> {
     let devices = discover(Path::new("/sys")).ok()?;
     devices.iter().find_map(|d| {
         d.ports
