@@ -5,9 +5,12 @@
 //!   receiver failures reported on the next `send`/`flush`.
 //! - [`connect()`]: initiator with retry/backoff and a hello backstop deadline.
 //! - [`Listener`]: lazy connects matched by (sequence, generation), every wait with a deadline.
+//! - `rdma` (feature): RC connections over rdma_cm; `gpu` (feature): device buffers over both.
 
 pub mod error;
 pub mod frame;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod stream;

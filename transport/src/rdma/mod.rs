@@ -1,5 +1,6 @@
-//! RDMA backend (cargo feature `rdma`). So far: discovery from sysfs and the configured
-//! interface list. The rdma_cm data path is not in this build yet.
+//! RDMA backend (cargo feature `rdma`): discovery from sysfs, the configured interface list,
+//! RC connections over rdma_cm ([`rc`]), the DAQIRI-shaped server ([`server`]) and
+//! interoperation with rdma-core's `ibv_rc_pingpong` ([`compat`]).
 //!
 //! The rule from the DAQIRI seed: everything that picks an interface uses the index into the
 //! *configured* interface list ([`interfaces::Interface::index`]), never an IB port number.

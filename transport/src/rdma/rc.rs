@@ -46,6 +46,15 @@ pub enum RdmaError {
     TooLong { len: usize, max: usize },
     #[error("the peer has not advertised a write target")]
     NoWriteTarget,
+    #[error("immediate data {0:#x} uses bit 31, which marks writes into registered regions")]
+    ImmReserved(u32),
+    #[error("{len} bytes at offset {offset} exceed the {capacity}-byte {which} region")]
+    OutOfRegion {
+        which: &'static str,
+        offset: u64,
+        len: usize,
+        capacity: usize,
+    },
 }
 
 fn cm(e: impl std::fmt::Display) -> RdmaError {
@@ -125,6 +134,70 @@ pub enum Received {
         imm: u32,
         data: Vec<u8>,
     },
+    /// The peer wrote `len` bytes into one of our registered [`Region`]s (where, the two sides
+    /// agreed on beforehand) and sent `imm` with them. Nothing was copied.
+    WrittenToRegion {
+        imm: u32,
+        len: usize,
+    },
+}
+
+/// Set in the immediate data of writes into a registered region, so the receiver knows the
+/// bytes are not in the connection's own write buffer.
+const REGION_WRITE: u32 = 1 << 31;
+
+/// Memory the caller owns and registered with one connection: host memory, or GPU memory
+/// through dmabuf. The caller keeps the memory alive and in place while the region lives.
+pub struct Region {
+    mr: Arc<MemoryRegion>,
+    /// The address work requests use for the first byte (the iova, for dmabuf).
+    addr: u64,
+    len: usize,
+}
+
+impl Region {
+    /// What the peer needs to write here.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            addr: self.addr,
+            rkey: self.mr.rkey(),
+            len: self.len as u32,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A peer's region as it advertised it: 16 bytes on the wire (addr, rkey, len; big-endian).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRegion {
+    pub addr: u64,
+    pub rkey: u32,
+    pub len: u32,
+}
+
+impl RemoteRegion {
+    pub fn to_bytes(self) -> [u8; ADVERT_LEN] {
+        let mut b = [0u8; ADVERT_LEN];
+        b[0..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_be_bytes());
+        b[12..16].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Option<RemoteRegion> {
+        (b.len() == ADVERT_LEN).then(|| RemoteRegion {
+            addr: u64::from_be_bytes(b[0..8].try_into().expect("8 bytes")),
+            rkey: u32::from_be_bytes(b[8..12].try_into().expect("4 bytes")),
+            len: u32::from_be_bytes(b[12..16].try_into().expect("4 bytes")),
+        })
+    }
 }
 
 const SEND_WR: u64 = u64::MAX;
@@ -479,19 +552,17 @@ impl RcConnection {
         deadline: Instant,
         after: Duration,
     ) -> Result<(), RdmaError> {
-        let mut advert = [0u8; ADVERT_LEN];
-        let (addr, len) = (self.b().write.as_ptr() as u64, self.b().write.len() as u32);
-        let rkey = self.v().write_mr.rkey();
-        advert[0..8].copy_from_slice(&addr.to_be_bytes());
-        advert[8..12].copy_from_slice(&rkey.to_be_bytes());
-        advert[12..16].copy_from_slice(&len.to_be_bytes());
+        let advert = RemoteRegion {
+            addr: self.b().write.as_ptr() as u64,
+            rkey: self.v().write_mr.rkey(),
+            len: self.b().write.len() as u32,
+        }
+        .to_bytes();
         self.send_until(&advert, deadline, after)?;
         match self.recv_until(deadline, after)? {
             Received::Message(m) if m.len() == ADVERT_LEN => {
-                let addr = u64::from_be_bytes(m[0..8].try_into().expect("8 bytes"));
-                let rkey = u32::from_be_bytes(m[8..12].try_into().expect("4 bytes"));
-                let len = u32::from_be_bytes(m[12..16].try_into().expect("4 bytes"));
-                self.peer_target = Some((addr, rkey, len));
+                let r = RemoteRegion::from_bytes(&m).expect("length checked");
+                self.peer_target = Some((r.addr, r.rkey, r.len));
                 Ok(())
             }
             other => Err(cm(format!(
@@ -519,6 +590,9 @@ impl RcConnection {
 
     /// RDMA WRITE `data` into the peer's advertised buffer, with immediate data `imm`.
     pub fn write_imm(&mut self, data: &[u8], imm: u32, timeout: Duration) -> Result<(), RdmaError> {
+        if imm & REGION_WRITE != 0 {
+            return Err(RdmaError::ImmReserved(imm));
+        }
         let target = self.peer_target.ok_or(RdmaError::NoWriteTarget)?;
         self.post_from_send_buffer(data, Some((target, imm)))?;
         self.wait(
@@ -547,24 +621,139 @@ impl RcConnection {
         }
         self.buffers.as_mut().expect("live until into_buffers").send[..data.len()]
             .copy_from_slice(data);
+        let (lkey, local) = (self.v().send_mr.lkey(), self.b().send.as_ptr() as u64);
+        let write = write.map(|((addr, rkey, _), imm)| (rkey, addr, imm));
+        // SAFETY: the send buffer is registered as `send_mr` and is not touched again until
+        // this request's completion has been reaped; a write's remote range was advertised by
+        // the peer for exactly this.
+        unsafe { self.post(lkey, local, data.len(), write) }
+    }
+
+    /// Post one signaled SEND, or WRITE with immediate when `write` = (rkey, remote address,
+    /// imm), of `len` bytes at `addr` under `lkey`.
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be registered under `lkey` and stay valid and untouched until
+    /// the completion is reaped (`send_done`); the remote range must be one the peer
+    /// advertised for writes.
+    unsafe fn post(
+        &mut self,
+        lkey: u32,
+        addr: u64,
+        len: usize,
+        write: Option<(u32, u64, u32)>,
+    ) -> Result<(), RdmaError> {
         self.send_done = false;
-        let local = self.b().send.as_ptr() as u64;
-        let v = self.v();
-        let lkey = v.send_mr.lkey();
-        let mut guard = v.qp.start_post_send();
+        let mut guard = self.v().qp.start_post_send();
         let wr = match write {
             None => guard
                 .construct_wr(SEND_WR, WorkRequestFlags::Signaled)
                 .setup_send(),
-            Some(((addr, rkey, _), imm)) => guard
+            Some((rkey, raddr, imm)) => guard
                 .construct_wr(WRITE_WR, WorkRequestFlags::Signaled)
-                .setup_write_imm(rkey, addr, imm.to_be()),
+                .setup_write_imm(rkey, raddr, imm.to_be()),
         };
-        // SAFETY: the send buffer is registered as `send_mr` and is not touched again until
-        // this request's completion has been reaped (`send_done`); a write's remote range was
-        // advertised by the peer for exactly this.
-        unsafe { wr.setup_sge(lkey, local, data.len() as u32) };
+        // SAFETY: the caller's contract.
+        unsafe { wr.setup_sge(lkey, addr, len as u32) };
         guard.post().map_err(verbs)
+    }
+
+    /// Register caller-owned host memory (for example a pinned staging buffer) with this
+    /// connection's protection domain, for local and remote writes.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay allocated and in place until the returned region is
+    /// dropped, and nothing may rely on its contents while the peer may write into it.
+    pub unsafe fn register_host(&mut self, ptr: *mut u8, len: usize) -> Result<Region, RdmaError> {
+        let pd = Arc::clone(&self.v()._pd);
+        let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite;
+        // SAFETY: the caller's contract.
+        let mr = unsafe { pd.reg_mr(ptr as usize, len, access) }.map_err(verbs)?;
+        Ok(Region {
+            mr,
+            addr: ptr as u64,
+            len,
+        })
+    }
+
+    /// Register memory exported as a dmabuf (GPU memory, `ibv_reg_dmabuf_mr`): `len` bytes at
+    /// `offset` into the dmabuf, addressed in work requests as `iova`.
+    ///
+    /// # Safety
+    /// `fd` must be a dmabuf whose memory at `offset..offset + len` stays allocated until the
+    /// returned region is dropped.
+    pub unsafe fn register_dmabuf(
+        &mut self,
+        fd: std::os::fd::RawFd,
+        offset: u64,
+        len: usize,
+        iova: u64,
+    ) -> Result<Region, RdmaError> {
+        let pd = Arc::clone(&self.v()._pd);
+        let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite;
+        // SAFETY: the caller's contract.
+        let mr = unsafe { pd.reg_dmabuf_mr(offset, len, iova, fd, access) }.map_err(verbs)?;
+        Ok(Region {
+            mr,
+            addr: iova,
+            len,
+        })
+    }
+
+    /// RDMA WRITE `len` bytes from `local` at `offset` into `remote` at `remote_offset`, with
+    /// immediate data `imm` (below 2^31); the peer's `recv` returns
+    /// [`Received::WrittenToRegion`]. Returns once the write completed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_region_imm(
+        &mut self,
+        local: &Region,
+        offset: usize,
+        len: usize,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+        imm: u32,
+        timeout: Duration,
+    ) -> Result<(), RdmaError> {
+        if imm & REGION_WRITE != 0 {
+            return Err(RdmaError::ImmReserved(imm));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > local.len) {
+            return Err(RdmaError::OutOfRegion {
+                which: "local",
+                offset: offset as u64,
+                len,
+                capacity: local.len,
+            });
+        }
+        if remote_offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > remote.len as u64)
+        {
+            return Err(RdmaError::OutOfRegion {
+                which: "remote",
+                offset: remote_offset,
+                len,
+                capacity: remote.len as usize,
+            });
+        }
+        let write = (remote.rkey, remote.addr + remote_offset, imm | REGION_WRITE);
+        // SAFETY: the range lies inside `local`, registered under its lkey; the caller does
+        // not touch it before this returns, and this returns only after the completion; the
+        // remote range lies inside what the peer advertised.
+        unsafe {
+            self.post(
+                local.mr.lkey(),
+                local.addr + offset as u64,
+                len,
+                Some(write),
+            )?
+        };
+        self.wait(
+            Instant::now() + timeout,
+            timeout,
+            "waiting for a region write completion",
+            |c| c.send_done,
+        )
     }
 
     /// The next message or write from the peer, within `timeout`.
@@ -635,7 +824,12 @@ impl RcConnection {
                         let slot = slot as usize;
                         // RECV_RDMA_WITH_IMM: the data landed in our write target.
                         let item = if opcode == sideway::ibverbs::completion::WorkCompletionOperationType::ReceiveWithImmediate as u32 {
-                            Received::Written { imm: u32::from_be(imm), data: self.b().write[..len].to_vec() }
+                            let imm = u32::from_be(imm);
+                            if imm & REGION_WRITE != 0 {
+                                Received::WrittenToRegion { imm: imm & !REGION_WRITE, len }
+                            } else {
+                                Received::Written { imm, data: self.b().write[..len].to_vec() }
+                            }
                         } else {
                             let start = slot * self.opts.max_message;
                             Received::Message(self.b().recv[start..start + len].to_vec())

@@ -348,7 +348,7 @@ fn serve(
                 }
                 messages.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(Received::Written { .. }) => {
+            Ok(Received::Written { .. } | Received::WrittenToRegion { .. }) => {
                 messages.fetch_add(1, Ordering::Relaxed);
             }
             Err(RdmaError::Timeout { .. }) => {}

@@ -1,0 +1,244 @@
+//! The GPU inventory, a device context with one stream, and the buffers the transports move.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdevice_attribute};
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
+
+use super::pattern::Kernels;
+use super::{call, GpuError, Result};
+
+/// One NVIDIA GPU as the driver describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub memory_bytes: u64,
+    pub compute_capability: (i32, i32),
+    /// The device can export its memory as a dmabuf (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`),
+    /// which an RDMA NIC can then register directly.
+    pub dmabuf: bool,
+}
+
+/// Every GPU the driver sees, and the driver's CUDA version ("12.8").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inventory {
+    pub driver_version: String,
+    pub devices: Vec<GpuInfo>,
+}
+
+/// Can libcuda be loaded here? (Nothing is called; only `dlopen` is tried.)
+pub fn libcuda_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its usual names; nothing is called.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Ask the driver what it has. Never panics: no libcuda is [`GpuError::NoDriver`], a driver
+/// without devices [`GpuError::NoDevice`].
+pub fn inventory() -> Result<Inventory> {
+    if !libcuda_present() {
+        return Err(GpuError::NoDriver {
+            kernel_driver: Path::new("/proc/driver/nvidia").exists(),
+        });
+    }
+    match call("cuInit", result::init) {
+        Err(GpuError::Driver { error, .. }) if error.contains("NO_DEVICE") => {
+            return Err(GpuError::NoDevice(error))
+        }
+        other => other?,
+    }
+    let version = call("cuDriverGetVersion", || {
+        let mut v = 0;
+        // SAFETY: writes one int through a valid pointer.
+        unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
+        Ok(v)
+    })?;
+    let count = call("cuDeviceGetCount", result::device::get_count)?;
+    if count <= 0 {
+        return Err(GpuError::NoDevice("0 devices".into()));
+    }
+    let devices = (0..count as usize)
+        .map(describe)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Inventory {
+        driver_version: format!("{}.{}", version / 1000, version % 1000 / 10),
+        devices,
+    })
+}
+
+fn describe(ordinal: usize) -> Result<GpuInfo> {
+    call("cuDeviceGet*", || {
+        let dev = result::device::get(ordinal as i32)?;
+        // SAFETY: `dev` is a device handle the driver just returned; attribute queries only
+        // read.
+        let attr = |a| unsafe { result::device::get_attribute(dev, a) };
+        Ok(GpuInfo {
+            ordinal,
+            name: result::device::get_name(dev)?,
+            // SAFETY: as above.
+            memory_bytes: unsafe { result::device::total_mem(dev) }? as u64,
+            compute_capability: (
+                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            dmabuf: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? == 1,
+        })
+    })
+}
+
+/// Device memory. Freed (stream-ordered) when dropped.
+pub struct DeviceBuffer {
+    pub(crate) slice: CudaSlice<u8>,
+}
+
+impl DeviceBuffer {
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slice.is_empty()
+    }
+}
+
+/// Page-locked host memory: the staging area between a device buffer and a socket or NIC.
+/// Allocated without write-combining, because the CPU reads it (to send it).
+pub struct PinnedBuffer {
+    pub(crate) slice: PinnedHostSlice<u8>,
+}
+
+impl PinnedBuffer {
+    /// The bytes, once every copy into them has finished.
+    pub fn bytes(&self) -> Result<&[u8]> {
+        call("cuEventSynchronize", || self.slice.as_slice())
+    }
+
+    pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
+        call("cuEventSynchronize", || self.slice.as_mut_slice())
+    }
+
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slice.is_empty()
+    }
+}
+
+/// One GPU: its context, one stream that orders every copy and kernel, and the pattern
+/// kernels loaded into it.
+pub struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    kernels: Kernels,
+    info: GpuInfo,
+    driver_version: String,
+}
+
+impl Gpu {
+    /// Open GPU `ordinal`. Checks libcuda first: `CudaContext::new` would panic without it.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let inv = inventory()?;
+        let info = inv
+            .devices
+            .get(ordinal)
+            .cloned()
+            .ok_or(GpuError::NoSuchOrdinal {
+                ordinal,
+                count: inv.devices.len(),
+            })?;
+        let ctx = call("cuDevicePrimaryCtxRetain", || CudaContext::new(ordinal))?;
+        let stream = call("cuStreamCreate", || ctx.new_stream())?;
+        let kernels = Kernels::load(&ctx)?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            kernels,
+            info,
+            driver_version: inv.driver_version,
+        })
+    }
+
+    pub fn info(&self) -> &GpuInfo {
+        &self.info
+    }
+
+    pub fn driver_version(&self) -> &str {
+        &self.driver_version
+    }
+
+    /// `len` bytes of zeroed device memory.
+    pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        let slice = call("cuMemAlloc", || self.stream.alloc_zeros::<u8>(len.max(1)))?;
+        self.sync()?;
+        Ok(DeviceBuffer { slice })
+    }
+
+    /// `len` bytes of zeroed pinned host memory.
+    pub fn alloc_pinned(&self, len: usize) -> Result<PinnedBuffer> {
+        // SAFETY: the memory is zeroed below before anyone can read it; flags 0 means neither
+        // write-combined nor mapped.
+        let slice = call("cuMemHostAlloc", || unsafe {
+            self.ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0)
+        })?;
+        let mut buf = PinnedBuffer { slice };
+        buf.bytes_mut()?.fill(0);
+        Ok(buf)
+    }
+
+    /// Copy the first `dst.len()` bytes of `src` to the host; returns once they are there.
+    pub fn to_host(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+        check_len(dst.len(), src.len())?;
+        let view = src.slice.slice(..dst.len());
+        call("cuMemcpyDtoH", || self.stream.memcpy_dtoh(&view, dst))?;
+        self.sync()
+    }
+
+    /// Copy `src` into the start of `dst`; returns once the copy is done.
+    pub fn to_device(&self, src: &[u8], dst: &mut DeviceBuffer) -> Result<()> {
+        self.to_device_at(src, dst, 0)
+    }
+
+    /// Copy `src` into `dst` at `offset`; returns once the copy is done.
+    pub fn to_device_at(&self, src: &[u8], dst: &mut DeviceBuffer, offset: usize) -> Result<()> {
+        check_len(offset + src.len(), dst.len())?;
+        let mut view = dst.slice.slice_mut(offset..offset + src.len());
+        call("cuMemcpyHtoD", || self.stream.memcpy_htod(src, &mut view))?;
+        self.sync()
+    }
+
+    /// Write the pattern for `seed` into the first `len` bytes, on the device.
+    pub fn fill_pattern(&self, buf: &mut DeviceBuffer, len: usize, seed: u64) -> Result<()> {
+        check_len(len, buf.len())?;
+        self.kernels.fill(&self.stream, &mut buf.slice, len, seed)?;
+        self.sync()
+    }
+
+    /// How many of the first `len` bytes differ from the pattern for `seed`, counted on the
+    /// device.
+    pub fn pattern_mismatches(&self, buf: &DeviceBuffer, len: usize, seed: u64) -> Result<u64> {
+        check_len(len, buf.len())?;
+        self.kernels
+            .count_mismatches(&self.stream, &buf.slice, len, seed)
+    }
+
+    /// The buffer's device address (for dmabuf export and as the RDMA iova).
+    #[cfg(feature = "rdma")]
+    pub(crate) fn device_address(&self, buf: &DeviceBuffer) -> u64 {
+        let (ptr, _sync) = buf.slice.device_ptr(&self.stream);
+        ptr
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        call("cuStreamSynchronize", || self.stream.synchronize())
+    }
+}
+
+fn check_len(len: usize, capacity: usize) -> Result<()> {
+    if len > capacity {
+        return Err(GpuError::TooLong { len, capacity });
+    }
+    Ok(())
+}
