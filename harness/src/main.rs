@@ -310,16 +310,26 @@ fn print_facts(profile: &str, f: &probe::HostFacts) {
         }
     }
     if f.gpus.is_empty() {
-        harness::say!(
-            "gpu:     none{}",
-            if f.amd_kfd {
-                " (AMD /dev/kfd present; ROCm not supported yet)"
-            } else {
-                ""
-            }
-        );
+        let why = f.gpu_absent.as_deref().unwrap_or("no NVIDIA GPU");
+        if f.amd_kfd {
+            harness::say!(
+                "gpu:     none usable: AMD GPU (/dev/kfd) present, ROCm not supported yet; {why}"
+            );
+        } else {
+            harness::say!("gpu:     none: {why}");
+        }
     } else {
-        harness::say!("gpu:     {}", f.gpus.join(", "));
+        for g in &f.gpus {
+            harness::say!(
+                "gpu:     {}: {}, {} MiB, compute {}, driver CUDA {}, dmabuf {}",
+                g.index,
+                g.model,
+                g.memory_mib,
+                g.compute_capability,
+                f.gpu_driver.as_deref().unwrap_or("?"),
+                if g.dmabuf { "yes" } else { "no" }
+            );
+        }
     }
     harness::say!("netns:   {}", f.netns);
     harness::say!("docker:  {}", f.docker);

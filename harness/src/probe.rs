@@ -45,6 +45,17 @@ pub struct RdmaDevice {
     pub ports: Vec<RdmaPort>,
 }
 
+/// One NVIDIA GPU as the CUDA driver describes it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GpuFact {
+    pub index: usize,
+    pub model: String,
+    pub memory_mib: u64,
+    pub compute_capability: String,
+    /// The GPU can export memory as a dmabuf (the RDMA path can register it directly).
+    pub dmabuf: bool,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostFacts {
     pub host: String,
@@ -53,7 +64,13 @@ pub struct HostFacts {
     /// Why RDMA discovery found nothing, when it found nothing.
     pub rdma_absent: Option<String>,
     pub rdma_devices: Vec<RdmaDevice>,
-    pub gpus: Vec<String>,
+    pub gpus: Vec<GpuFact>,
+    /// The CUDA driver's version ("12.8"), when a driver answered.
+    #[serde(default)]
+    pub gpu_driver: Option<String>,
+    /// Why no GPU is usable, when none is.
+    #[serde(default)]
+    pub gpu_absent: Option<String>,
     pub amd_kfd: bool,
     pub netns: bool,
     pub docker: bool,
@@ -64,6 +81,7 @@ pub struct HostFacts {
 /// Probe this machine.
 pub fn local() -> HostFacts {
     let (rdma_devices, rdma_absent) = rdma();
+    let (gpus, gpu_driver, gpu_absent) = gpus();
     HostFacts {
         host: read_trim("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".into()),
         kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_default(),
@@ -71,7 +89,9 @@ pub fn local() -> HostFacts {
         root: unsafe { libc::geteuid() } == 0,
         rdma_absent,
         rdma_devices,
-        gpus: nvidia_gpus(),
+        gpus,
+        gpu_driver,
+        gpu_absent,
         amd_kfd: Path::new("/dev/kfd").exists(),
         netns: Path::new("/proc/self/ns/net").exists() && on_path("ip"),
         docker: Path::new("/var/run/docker.sock").exists(),
@@ -108,12 +128,16 @@ impl HostFacts {
                 } else if self.amd_kfd {
                     skip(
                         "rocm-unsupported",
-                        "an AMD GPU (/dev/kfd) is present; ROCm is not supported yet".into(),
+                        "an AMD GPU (/dev/kfd) is present but wringer moves GPU memory through \
+                         CUDA only; ROCm (HIP) is not supported yet"
+                            .into(),
                     )
                 } else {
                     skip(
                         "no-gpu",
-                        "no NVIDIA GPU (/proc/driver/nvidia/gpus is absent or empty)".into(),
+                        self.gpu_absent
+                            .clone()
+                            .unwrap_or_else(|| "no NVIDIA GPU".into()),
                     )
                 }
             }
@@ -187,26 +211,103 @@ fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
     }
 }
 
-fn nvidia_gpus() -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir("/proc/driver/nvidia/gpus") else {
-        return vec![];
-    };
-    entries
-        .flatten()
-        .map(|g| {
-            read_trim(g.path().join("information"))
-                .and_then(|i| {
-                    i.lines()
-                        .find(|l| l.starts_with("Model:"))
-                        .map(|l| l[6..].trim().to_string())
+/// NVIDIA GPUs as the CUDA driver reports them (loaded at run time: no driver, no GPUs).
+fn gpus() -> (Vec<GpuFact>, Option<String>, Option<String>) {
+    match transport::gpu::inventory() {
+        Ok(inv) => {
+            let gpus = inv
+                .devices
+                .into_iter()
+                .map(|d| GpuFact {
+                    index: d.ordinal,
+                    model: d.name,
+                    memory_mib: d.memory_bytes >> 20,
+                    compute_capability: format!(
+                        "{}.{}",
+                        d.compute_capability.0, d.compute_capability.1
+                    ),
+                    dmabuf: d.dmabuf,
                 })
-                .unwrap_or_else(|| g.file_name().to_string_lossy().into_owned())
-        })
-        .collect()
+                .collect();
+            (gpus, Some(inv.driver_version), None)
+        }
+        Err(e) => (vec![], None, Some(e.to_string())),
+    }
 }
 
 pub fn on_path(bin: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|d| d.join(bin).is_file()))
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            host: "h".into(),
+            kernel: "6.1".into(),
+            root: true,
+            rdma_absent: Some("no RDMA".into()),
+            rdma_devices: vec![],
+            gpus: vec![],
+            gpu_driver: None,
+            gpu_absent: Some("libcuda.so cannot be loaded (no NVIDIA driver)".into()),
+            amd_kfd: false,
+            netns: true,
+            docker: true,
+            vm: false,
+            gdb: true,
+        }
+    }
+
+    fn profile() -> HostProfile {
+        let path =
+            std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../hosts/local.yaml"));
+        crate::hosts::load(path).unwrap()
+    }
+
+    #[test]
+    fn no_gpu_skip_carries_the_drivers_reason() {
+        let err = facts().check(Requirement::Gpu, &profile()).unwrap_err();
+        assert_eq!(err.code, "no-gpu");
+        assert!(err.detail.contains("libcuda.so"), "{err}");
+    }
+
+    #[test]
+    fn an_amd_gpu_without_cuda_says_rocm_is_unsupported() {
+        let f = HostFacts {
+            amd_kfd: true,
+            ..facts()
+        };
+        let err = f.check(Requirement::Gpu, &profile()).unwrap_err();
+        assert_eq!(err.code, "rocm-unsupported");
+        assert!(err.detail.contains("ROCm"), "{err}");
+    }
+
+    #[test]
+    fn an_nvidia_gpu_meets_the_requirement_even_beside_dev_kfd() {
+        let f = HostFacts {
+            amd_kfd: true,
+            gpus: vec![GpuFact {
+                index: 0,
+                model: "NVIDIA H200".into(),
+                memory_mib: 143_771,
+                compute_capability: "9.0".into(),
+                dmabuf: true,
+            }],
+            gpu_driver: Some("12.8".into()),
+            gpu_absent: None,
+            ..facts()
+        };
+        assert_eq!(f.check(Requirement::Gpu, &profile()), Ok(()));
+    }
+
+    #[test]
+    fn this_machines_probe_answers_without_panicking() {
+        let f = local();
+        assert_eq!(f.gpus.is_empty(), f.gpu_absent.is_some(), "{f:?}");
+    }
 }

@@ -172,6 +172,23 @@ pub enum Step {
         iterations: u32,
         deadline: Dur,
     },
+    /// Ranks 0 and 1, each on a GPU: ping-pong of device buffers over TCP (staged through
+    /// pinned host memory), the pattern written and checked on the device at every size; then
+    /// `stream_messages` of the largest size one way, for bandwidth.
+    GpuPingpongTcp {
+        sizes: Vec<u32>,
+        iterations: u32,
+        stream_messages: u32,
+        deadline: Dur,
+    },
+    /// The same over an RC connection with RDMA WRITE: GPU memory registered through dmabuf
+    /// where the GPU and NIC allow it, else staged through pinned host memory.
+    GpuPingpongRdma {
+        sizes: Vec<u32>,
+        iterations: u32,
+        stream_messages: u32,
+        deadline: Dur,
+    },
     /// Do nothing for `duration`: a harness self-test for the watchdog.
     Stall { duration: Dur, deadline: Dur },
 }
@@ -195,6 +212,8 @@ impl Step {
             Step::RdmaPeerDeath { .. } => "rdma-peer-death",
             Step::RdmaXhostSend { .. } => "rdma-xhost-send",
             Step::RdmaInteropRcPingpong { .. } => "rdma-interop-rc-pingpong",
+            Step::GpuPingpongTcp { .. } => "gpu-pingpong-tcp",
+            Step::GpuPingpongRdma { .. } => "gpu-pingpong-rdma",
             Step::Stall { .. } => "stall",
         }
     }
@@ -217,6 +236,8 @@ impl Step {
             | Step::RdmaPeerDeath { deadline, .. }
             | Step::RdmaXhostSend { deadline, .. }
             | Step::RdmaInteropRcPingpong { deadline, .. }
+            | Step::GpuPingpongTcp { deadline, .. }
+            | Step::GpuPingpongRdma { deadline, .. }
             | Step::Stall { deadline, .. } => *deadline,
         }
     }
@@ -302,6 +323,20 @@ impl Step {
             Step::RdmaInteropRcPingpong { .. } => {
                 &[InteropAsClient, InteropAsServer, RdmaCompletionErrors]
             }
+            Step::GpuPingpongTcp { .. } => &[
+                GpuMessages,
+                GpuDataMismatches,
+                GpuPatternHostMismatches,
+                GpuBandwidthGbps,
+            ],
+            Step::GpuPingpongRdma { .. } => &[
+                GpuMessages,
+                GpuDataMismatches,
+                GpuPatternHostMismatches,
+                GpuBandwidthGbps,
+                GpuDmabuf,
+                RdmaCompletionErrors,
+            ],
             Step::Stall { .. } => &[],
         }
     }
@@ -357,6 +392,13 @@ pub enum Metric {
     RdmaEchoes,
     InteropAsClient,
     InteropAsServer,
+    GpuMessages,
+    GpuDataMismatches,
+    /// Bytes where the device's fill kernel and the host's reference pattern disagree.
+    GpuPatternHostMismatches,
+    GpuBandwidthGbps,
+    /// 1 when both of a rank's GPU regions were registered through dmabuf, 0 when staged.
+    GpuDmabuf,
 }
 
 impl Metric {
@@ -510,6 +552,12 @@ fn check(path: &Path, s: &Scenario) -> Result<(), InputError> {
         }
         if let Step::Pingpong {
             sizes, iterations, ..
+        }
+        | Step::GpuPingpongTcp {
+            sizes, iterations, ..
+        }
+        | Step::GpuPingpongRdma {
+            sizes, iterations, ..
         } = &step.value
         {
             if sizes.is_empty() || *iterations == 0 || sizes.iter().any(|&b| b == 0 || b > 16 << 20)
@@ -517,7 +565,10 @@ fn check(path: &Path, s: &Scenario) -> Result<(), InputError> {
                 return Err(located(
                     path,
                     &step.referenced,
-                    "pingpong needs sizes in 1..=16MiB and iterations >= 1".into(),
+                    format!(
+                        "{} needs sizes in 1..=16MiB and iterations >= 1",
+                        step.value.name()
+                    ),
                 ));
             }
         }

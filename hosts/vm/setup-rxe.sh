@@ -33,6 +33,9 @@ if [ ! -f "$dest/boot/vmlinuz-$kver" ]; then
     $sudo dpkg -x "$tmp"/linux-image-"$kver"_*.deb "$dest"
 fi
 if [ ! -d "/lib/modules/$kver" ]; then
+    # /lib/modules may not exist yet (containers, minimal images): without it cp would copy the
+    # kernel's folder AS /lib/modules.
+    $sudo mkdir -p /lib/modules
     $sudo cp -a "$dest/lib/modules/$kver" /lib/modules/
     $sudo depmod "$kver"
 fi

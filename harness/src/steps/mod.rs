@@ -2,6 +2,7 @@
 
 mod adversary;
 mod death;
+mod gpu;
 mod lazy;
 mod pingpong;
 pub mod rdma;
@@ -134,6 +135,38 @@ pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
         Step::RdmaInteropRcPingpong {
             size, iterations, ..
         } => rdma::interop(ctx, *size, *iterations, deadline, &mut report)?,
+        Step::GpuPingpongTcp {
+            sizes,
+            iterations,
+            stream_messages,
+            ..
+        } => gpu::tcp(
+            ctx,
+            index,
+            &gpu::Plan {
+                sizes,
+                iterations: *iterations,
+                stream_messages: *stream_messages,
+            },
+            deadline,
+            &mut report,
+        )?,
+        Step::GpuPingpongRdma {
+            sizes,
+            iterations,
+            stream_messages,
+            ..
+        } => gpu::rdma(
+            ctx,
+            index,
+            &gpu::Plan {
+                sizes,
+                iterations: *iterations,
+                stream_messages: *stream_messages,
+            },
+            deadline,
+            &mut report,
+        )?,
         Step::Stall { duration, .. } => std::thread::sleep(duration.0),
     }
     Ok(report)

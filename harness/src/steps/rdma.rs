@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use transport::rdma::discovery::{discover, GidType, PortState};
-use transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions, RdmaError, Received};
+use transport::rdma::rc::{
+    connect, RcConnection, RcListener, RcOptions, RdmaError, Received, RemoteRegion,
+};
 use transport::rdma::server::{RdmaServer, ServerOptions};
 
 use super::pattern;
@@ -67,7 +69,7 @@ fn options(max: u32, deadline: Duration) -> RcOptions {
 }
 
 /// Rank 0 accepts, rank 1 connects; the barrier makes sure the listener exists first.
-fn pair(ctx: &Ctx, step: usize, max: u32, deadline: Duration) -> Result<RcConnection> {
+pub(super) fn pair(ctx: &Ctx, step: usize, max: u32, deadline: Duration) -> Result<RcConnection> {
     let server = ctx.peers[0]
         .rdma
         .context("rank 0 has no active RoCE interface")?;
@@ -88,7 +90,7 @@ fn pair(ctx: &Ctx, step: usize, max: u32, deadline: Duration) -> Result<RcConnec
     }
 }
 
-fn counts_into(c: &RcConnection, report: &mut StepReport) {
+pub(super) fn counts_into(c: &RcConnection, report: &mut StepReport) {
     report
         .metrics
         .insert("rdma_completion_errors".into(), c.counts().errors() as f64);
@@ -156,6 +158,9 @@ pub fn pingpong(
             let _ = kind;
         }
     }
+    let (m, bad) = region_pingpong(ctx, &mut c, sizes, iterations, deadline, report)?;
+    messages += m;
+    mismatches += bad;
     report
         .metrics
         .insert("rdma_messages".into(), messages as f64);
@@ -168,10 +173,67 @@ pub fn pingpong(
     Ok(())
 }
 
+/// Ping-pong by RDMA WRITE between memory the step owns and registered itself (the path GPU
+/// buffers take when staged): the receiver finds the bytes in its own region, nothing copied.
+fn region_pingpong(
+    ctx: &Ctx,
+    c: &mut RcConnection,
+    sizes: &[u32],
+    iterations: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<(u32, u32)> {
+    let max = sizes.iter().copied().max().unwrap_or(64) as usize;
+    // Each side writes from its first half into the peer's second half; every message has its
+    // own pattern, so stale bytes from an earlier one never pass for a new one.
+    let mut memory = vec![0u8; 2 * max].into_boxed_slice();
+    // SAFETY: `memory` is a boxed slice that neither moves nor is freed before `region`, which
+    // is dropped at the end of this function, before `memory`.
+    let region = unsafe { c.register_host(memory.as_mut_ptr(), 2 * max) }?;
+    c.send(&region.remote().to_bytes(), deadline)?;
+    let peer = match c.recv(deadline)? {
+        Received::Message(m) => RemoteRegion::from_bytes(&m).context("region advert")?,
+        other => bail!("expected the peer's region advert, got {other:?}"),
+    };
+    let (mut messages, mut mismatches) = (0, 0);
+    for &size in sizes {
+        let size = size as usize;
+        let mut samples = vec![];
+        for it in 0..iterations {
+            let expected = pattern(ctx.seed, (size as u64) << 20 | it as u64 | 3 << 60, size);
+            let started = Instant::now();
+            if ctx.rank == 1 {
+                memory[..size].copy_from_slice(&expected);
+                c.write_region_imm(&region, 0, size, &peer, max as u64, it, deadline)?;
+            }
+            let got = c.recv(deadline)?;
+            // The bytes landed before the WRITE_WITH_IMM's receive completed.
+            let ok = got == Received::WrittenToRegion { imm: it, len: size }
+                && memory[max..max + size] == expected[..];
+            mismatches += !ok as u32;
+            if ctx.rank == 1 {
+                samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+            } else {
+                // Echo the bytes from where they landed.
+                c.write_region_imm(&region, max, size, &peer, max as u64, it, deadline)?;
+            }
+            messages += 1;
+        }
+        if !samples.is_empty() {
+            report
+                .samples
+                .insert(format!("region_write_latency_us/{size}"), samples);
+        }
+    }
+    drop(region);
+    Ok((messages, mismatches))
+}
+
 fn matches_payload(got: &Received, expected: &[u8], write: bool, it: u32) -> bool {
     match got {
         Received::Message(m) => !write && m == expected,
         Received::Written { imm, data } => write && *imm == it && data == expected,
+        Received::WrittenToRegion { .. } => false,
     }
 }
 

@@ -219,9 +219,21 @@ impl Gpu {
     /// How many of the first `len` bytes differ from the pattern for `seed`, counted on the
     /// device.
     pub fn pattern_mismatches(&self, buf: &DeviceBuffer, len: usize, seed: u64) -> Result<u64> {
-        check_len(len, buf.len())?;
+        self.pattern_mismatches_at(buf, 0, len, seed)
+    }
+
+    /// The same for the `len` bytes at `offset` (which hold pattern bytes 0..len).
+    pub fn pattern_mismatches_at(
+        &self,
+        buf: &DeviceBuffer,
+        offset: usize,
+        len: usize,
+        seed: u64,
+    ) -> Result<u64> {
+        check_len(offset + len, buf.len())?;
+        let view = buf.slice.slice(offset..offset + len);
         self.kernels
-            .count_mismatches(&self.stream, &buf.slice, len, seed)
+            .count_mismatches(&self.stream, &view, len, seed)
     }
 
     /// The buffer's device address (for dmabuf export and as the RDMA iova).

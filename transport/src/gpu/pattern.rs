@@ -206,7 +206,7 @@ impl Kernels {
     pub(crate) fn count_mismatches(
         &self,
         stream: &Arc<CudaStream>,
-        buf: &CudaSlice<u8>,
+        buf: &impl DevicePtr<u8>,
         len: usize,
         seed: u64,
     ) -> Result<u64> {
