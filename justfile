@@ -5,9 +5,11 @@ default:
     @just --list
 
 # Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
-test: build-deps (apt "chromium")
-    cargo nextest run --workspace --all-features --profile ci
+test: build-deps (apt "chromium") cuda-tools
+    WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
     cargo clippy --workspace --all-targets --all-features -- -D warnings
+    # The GPU feature without RDMA must build on its own too.
+    cargo clippy -p transport --features gpu --all-targets -- -D warnings
     cargo fmt --all --check
 
 # The main job: build in release and run every scenario this machine can run (loopback by default).
@@ -84,6 +86,14 @@ fuzz seconds="60":
 # What the build needs beyond Rust: the RDMA binding (sideway) builds a small rdma-core shim with cmake and bindgen (libclang).
 [private]
 build-deps: (apt "cmake" "clang")
+
+ptxas := "target/cuda-tools/nvidia/cuda_nvcc/bin/ptxas"
+
+# NVIDIA's PTX assembler (from PyPI, no GPU or driver needed), so the tests assemble the GPU kernels for sm_70/80/90.
+[private]
+cuda-tools:
+    [ -x {{ptxas}} ] || pip install --quiet --no-deps --target target/cuda-tools "nvidia-cuda-nvcc-cu12==12.9.86"
+    chmod +x {{ptxas}}
 
 # Install the Debian packages among these that are missing (as root, or through sudo).
 [private]

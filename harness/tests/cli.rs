@@ -459,3 +459,49 @@ fn a_closed_stdout_is_not_a_panic() {
         assert_eq!(out.status.code(), Some(0), "{args:?}");
     }
 }
+
+/// On a host without an NVIDIA GPU (CI) both GPU scenarios are skips that say why, in every
+/// report; on a host with one, this test has nothing to prove and says so.
+#[test]
+fn gpu_scenarios_skip_with_the_no_gpu_reason_where_there_is_no_gpu() {
+    if transport::gpu::inventory().is_ok() {
+        eprintln!("skipped: this host has a usable NVIDIA GPU; the scenarios run instead");
+        return;
+    }
+    let dir = report_dir("gpu-skip");
+    let m = marker();
+    let out = run_to_end(wringer(
+        &m,
+        &[
+            "run",
+            "--hosts",
+            "hosts/local.yaml",
+            "--report-dir",
+            dir.to_str().unwrap(),
+            "scenarios/gpu-pingpong-tcp.yaml",
+            "scenarios/gpu-pingpong-rdma.yaml",
+        ],
+    ));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let r = results(&dir);
+    let host = &r["hosts"][0];
+    assert_eq!(host["gpus"], serde_json::json!([]));
+    let absent = host["gpu_absent"].as_str().expect("the probe says why");
+    let kfd = std::path::Path::new("/dev/kfd").exists();
+    for s in r["scenarios"].as_array().unwrap() {
+        assert_eq!(s["verdict"], "skip", "{s}");
+        let reason = s["reason"].as_str().unwrap();
+        if kfd {
+            assert!(reason.starts_with("rocm-unsupported: "), "{reason}");
+        } else {
+            assert_eq!(reason, format!("no-gpu: {absent}"));
+        }
+    }
+    let junit = std::fs::read_to_string(dir.join("junit.xml")).unwrap();
+    assert_eq!(
+        junit.matches("<skipped message=\"no-gpu: ").count(),
+        2 * !kfd as usize,
+        "{junit}"
+    );
+    assert!(processes_with(&m).is_empty());
+}

@@ -23,7 +23,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
     if [ -n "$deny" ]; then $sudo rm -f /usr/sbin/policy-rc.d; fi
 fi
-command -v vng >/dev/null || pip install --quiet virtme-ng
+if ! command -v vng >/dev/null; then
+    pip install --quiet virtme-ng
+    # pyenv installs console scripts behind shims that exist only after a rehash.
+    if command -v pyenv >/dev/null; then pyenv rehash; fi
+    command -v vng >/dev/null || { echo "setup-rxe: virtme-ng installed but vng is not on PATH" >&2; exit 1; }
+fi
 
 if [ ! -f "$dest/boot/vmlinuz-$kver" ]; then
     tmp="$(mktemp -d)"
