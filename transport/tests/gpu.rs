@@ -86,8 +86,17 @@ fn device_pattern_matches_the_host_reference_and_catches_one_bad_byte() {
         eprintln!("skipped: no-gpu (no NVIDIA driver or device on this host)");
         return;
     };
-    for len in [1usize, 255, 4096, (1 << 20) + 3] {
-        let mut buf = gpu.alloc(len).unwrap();
+    for (len, exportable) in [
+        (1usize, false),
+        (255, true),
+        (4096, false),
+        ((1 << 20) + 3, true),
+    ] {
+        let mut buf = if exportable {
+            gpu.alloc_exportable(len).unwrap()
+        } else {
+            gpu.alloc(len).unwrap()
+        };
         gpu.fill_pattern(&mut buf, len, 42).unwrap();
         let mut host = vec![0u8; len];
         gpu.to_host(&buf, &mut host).unwrap();

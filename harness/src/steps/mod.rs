@@ -140,33 +140,24 @@ pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
             iterations,
             stream_messages,
             ..
-        } => gpu::tcp(
-            ctx,
-            index,
-            &gpu::Plan {
-                sizes,
-                iterations: *iterations,
-                stream_messages: *stream_messages,
-            },
-            deadline,
-            &mut report,
-        )?,
-        Step::GpuPingpongRdma {
+        }
+        | Step::GpuPingpongRdma {
             sizes,
             iterations,
             stream_messages,
             ..
-        } => gpu::rdma(
-            ctx,
-            index,
-            &gpu::Plan {
+        } => {
+            let plan = gpu::Plan {
                 sizes,
                 iterations: *iterations,
                 stream_messages: *stream_messages,
-            },
-            deadline,
-            &mut report,
-        )?,
+            };
+            if matches!(step, Step::GpuPingpongTcp { .. }) {
+                gpu::tcp(ctx, index, &plan, deadline, &mut report)?
+            } else {
+                gpu::rdma(ctx, index, &plan, deadline, &mut report)?
+            }
+        }
         Step::Stall { duration, .. } => std::thread::sleep(duration.0),
     }
     Ok(report)

@@ -1,5 +1,6 @@
 //! The GPU inventory, a device context with one stream, and the buffers the transports move.
 
+use std::mem::ManuallyDrop;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -87,9 +88,13 @@ fn describe(ordinal: usize) -> Result<GpuInfo> {
     })
 }
 
-/// Device memory. Freed (stream-ordered) when dropped.
+/// Device memory. Freed when dropped: stream-ordered for pool memory, after a stream
+/// synchronize for exportable (`cuMemAlloc`) memory.
 pub struct DeviceBuffer {
-    pub(crate) slice: CudaSlice<u8>,
+    pub(crate) slice: ManuallyDrop<CudaSlice<u8>>,
+    /// Allocated with plain `cuMemAlloc` (not from the stream-ordered pool), so it can be
+    /// exported as a dmabuf, and freed with `cuMemFree`.
+    exportable: bool,
 }
 
 impl DeviceBuffer {
@@ -99,6 +104,26 @@ impl DeviceBuffer {
 
     pub fn is_empty(&self) -> bool {
         self.slice.is_empty()
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `slice` is taken exactly once, here, and never used again.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        if !self.exportable {
+            drop(slice);
+            return;
+        }
+        let stream = Arc::clone(slice.stream());
+        let _ = call("cuMemFree", || {
+            stream.synchronize()?;
+            let ptr = slice.leak();
+            stream.context().bind_to_thread()?;
+            // SAFETY: `ptr` came from cuMemAlloc in `alloc_exportable`, the stream that used
+            // it is idle, and the slice that owned it was leaked, so this is the only free.
+            unsafe { result::free_sync(ptr) }
+        });
     }
 }
 
@@ -171,9 +196,35 @@ impl Gpu {
 
     /// `len` bytes of zeroed device memory.
     pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
-        let slice = call("cuMemAlloc", || self.stream.alloc_zeros::<u8>(len.max(1)))?;
+        let slice = call("cuMemAllocAsync", || {
+            self.stream.alloc_zeros::<u8>(len.max(1))
+        })?;
         self.sync()?;
-        Ok(DeviceBuffer { slice })
+        Ok(DeviceBuffer {
+            slice: ManuallyDrop::new(slice),
+            exportable: false,
+        })
+    }
+
+    /// `len` bytes of zeroed device memory from plain `cuMemAlloc`: memory from the
+    /// stream-ordered pool (what [`Gpu::alloc`] returns where pools exist) cannot be exported
+    /// as a dmabuf.
+    pub fn alloc_exportable(&self, len: usize) -> Result<DeviceBuffer> {
+        let len = len.max(1);
+        let slice = call("cuMemAlloc", || {
+            self.ctx.bind_to_thread()?;
+            // SAFETY: a fresh allocation of `len` bytes, zeroed before anyone reads it, and
+            // owned from here on by the slice (freed in `DeviceBuffer::drop`).
+            unsafe {
+                let ptr = result::malloc_sync(len)?;
+                result::memset_d8_sync(ptr, 0, len)?;
+                Ok(self.stream.upgrade_device_ptr::<u8>(ptr, len))
+            }
+        })?;
+        Ok(DeviceBuffer {
+            slice: ManuallyDrop::new(slice),
+            exportable: true,
+        })
     }
 
     /// `len` bytes of zeroed pinned host memory.

@@ -171,6 +171,32 @@ impl Kernels {
         })
     }
 
+    /// Launch `f` over `len` bytes with `params` (pointers to its u64 parameters).
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list, and every address among them must
+    /// point into live device memory covering what the kernel touches for `len`.
+    unsafe fn launch(
+        &self,
+        f: sys::CUfunction,
+        stream: &CudaStream,
+        len: usize,
+        params: &mut [*mut c_void],
+    ) -> Result<(), cudarc::driver::DriverError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (grid(len), 1, 1),
+                (BLOCK, 1, 1),
+                0,
+                stream.cu_stream(),
+                params,
+            )
+        }
+    }
+
     pub(crate) fn fill(
         &self,
         stream: &Arc<CudaStream>,
@@ -179,7 +205,6 @@ impl Kernels {
         seed: u64,
     ) -> Result<()> {
         call("cuLaunchKernel(wringer_fill)", || {
-            self.ctx.bind_to_thread()?;
             let (mut ptr, _written) = buf.device_ptr_mut(stream);
             let (mut n, mut k) = (len as u64, key(seed));
             let mut params = [
@@ -187,19 +212,10 @@ impl Kernels {
                 &mut n as *mut u64 as *mut c_void,
                 &mut k as *mut u64 as *mut c_void,
             ];
-            // SAFETY: the kernel takes three u64 parameters, passed by pointer as cuLaunchKernel
-            // requires; it writes only [ptr, ptr + n), which lies inside `buf` (the caller
-            // checked len <= buf.len()). `_written` records the write for cudarc's tracking.
-            unsafe {
-                result::launch_kernel(
-                    self.fill,
-                    (grid(len), 1, 1),
-                    (BLOCK, 1, 1),
-                    0,
-                    stream.cu_stream(),
-                    &mut params,
-                )
-            }
+            // SAFETY: wringer_fill takes (out, n, key), three u64s; it writes only
+            // [ptr, ptr + n), inside `buf` (the caller checked len <= buf.len()). `_written`
+            // records the write for cudarc's stream tracking.
+            unsafe { self.launch(self.fill, stream, len, &mut params) }
         })
     }
 
@@ -212,7 +228,6 @@ impl Kernels {
     ) -> Result<u64> {
         let mut counter = call("cuMemAlloc", || stream.alloc_zeros::<u32>(1))?;
         call("cuLaunchKernel(wringer_check)", || {
-            self.ctx.bind_to_thread()?;
             let (mut ptr, _read) = buf.device_ptr(stream);
             let (mut out, _counted) = counter.device_ptr_mut(stream);
             let (mut n, mut k) = (len as u64, key(seed));
@@ -222,23 +237,14 @@ impl Kernels {
                 &mut k as *mut u64 as *mut c_void,
                 &mut out as *mut u64 as *mut c_void,
             ];
-            // SAFETY: four u64 parameters by pointer; the kernel reads [ptr, ptr + n) inside
-            // `buf` and adds to the one u32 at `out`, a live allocation of this stream.
-            unsafe {
-                result::launch_kernel(
-                    self.check,
-                    (grid(len), 1, 1),
-                    (BLOCK, 1, 1),
-                    0,
-                    stream.cu_stream(),
-                    &mut params,
-                )
-            }
+            // SAFETY: wringer_check takes (buf, n, key, mismatches), four u64s; it reads
+            // [ptr, ptr + n) inside `buf` and adds to the one u32 at `out`, a live allocation
+            // of this stream.
+            unsafe { self.launch(self.check, stream, len, &mut params) }
         })?;
         let mut host = [0u32; 1];
         call("cuMemcpyDtoH", || stream.memcpy_dtoh(&counter, &mut host))?;
         call("cuStreamSynchronize", || stream.synchronize())?;
-        drop(counter);
         Ok(host[0] as u64)
     }
 }

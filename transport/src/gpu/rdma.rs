@@ -11,7 +11,7 @@ use cudarc::driver::sys::{self, CUmemRangeHandleType};
 
 use crate::rdma::rc::{RcConnection, Region, RemoteRegion};
 
-use super::{call, DeviceBuffer, Gpu, PinnedBuffer, Result};
+use super::{call, DeviceBuffer, Gpu, GpuError, PinnedBuffer, Result};
 
 /// How a region's device memory reaches the NIC.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,7 +55,7 @@ impl GpuRegion {
     /// `len` bytes of device memory registered with `conn`: through dmabuf when the GPU and the
     /// NIC allow it, else through a pinned staging buffer.
     pub fn new(gpu: &Gpu, conn: &mut RcConnection, len: usize) -> Result<GpuRegion> {
-        let device = gpu.alloc(len.div_ceil(GRANULE).max(1) * GRANULE)?;
+        let device = gpu.alloc_exportable(len.div_ceil(GRANULE).max(1) * GRANULE)?;
         let reason = if gpu.info().dmabuf {
             match register_dmabuf(gpu, conn, &device, len) {
                 Ok(region) => {
@@ -133,7 +133,14 @@ impl GpuRegion {
     /// (staged: copy them from pinned memory; dmabuf: they are already there).
     pub fn landed(&mut self, gpu: &Gpu, offset: usize, len: usize) -> Result<()> {
         if let Some(staging) = &self.staging {
-            let host = &staging.bytes()?[offset..offset + len];
+            let capacity = staging.len();
+            let host = staging
+                .bytes()?
+                .get(offset..offset.saturating_add(len))
+                .ok_or(GpuError::TooLong {
+                    len: offset.saturating_add(len),
+                    capacity,
+                })?;
             gpu.to_device_at(host, &mut self.device, offset)?;
         }
         Ok(())
