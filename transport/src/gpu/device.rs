@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdevice_attribute};
-use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
+use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, PinnedHostSlice};
 
 use super::pattern::Kernels;
 use super::{call, GpuError, Result};
@@ -290,6 +290,7 @@ impl Gpu {
     /// The buffer's device address (for dmabuf export and as the RDMA iova).
     #[cfg(feature = "rdma")]
     pub(crate) fn device_address(&self, buf: &DeviceBuffer) -> u64 {
+        use cudarc::driver::DevicePtr;
         let (ptr, _sync) = buf.slice.device_ptr(&self.stream);
         ptr
     }
