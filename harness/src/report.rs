@@ -242,7 +242,7 @@ fn headline_metrics(r: &ScenarioResult) -> String {
     let mut parts: Vec<String> = r
         .latency
         .iter()
-        .filter(|(size, _)| matches!(size.as_str(), "8" | "4096" | "1048576"))
+        .filter(|(size, _)| matches!(size.as_str(), "8" | "4096" | "1048576" | "4194304"))
         .map(|(size, l)| format!("{size} B p50/p99 {:.0}/{:.0} µs", l.p50_us, l.p99_us))
         .collect();
     for key in [
@@ -251,6 +251,8 @@ fn headline_metrics(r: &ScenarioResult) -> String {
         "detect_ms",
         "frames_intact",
         "eof_cases",
+        "gpu_bandwidth_gbps",
+        "gpu_dmabuf",
     ] {
         if let Some(m) = r.metrics.get(key) {
             parts.push(format!(

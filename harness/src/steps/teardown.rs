@@ -22,6 +22,10 @@ pub fn run(
     }
     let end = Instant::now() + deadline;
     let (fds_before, threads_before) = (open_fds(), threads());
+    // Rank 1 connects only once both baselines are taken: an early connect would put rank 0's
+    // short-lived handshake thread into its baseline, and the delta would read -1.
+    ctx.control
+        .barrier(&format!("teardown-{step}-baseline"), 2, deadline)?;
     let mut shutdown_ms = Vec::with_capacity(cycles as usize);
     let mut ebadf = 0u32;
     let mut done = 0u32;
