@@ -78,6 +78,18 @@ bench-rdma: build-deps setup-rxe
     timeout 900 vng --disable-kvm --run /opt/wringer-vm/boot/vmlinuz-6.1.0-56-amd64 --memory 2G --cpus 2 --rwdir "$out" --exec "sh $out/run.sh" > "$out/console.log" 2>&1 || true
     cat "$out/bench.md"
 
+# Stripped binaries for a GPU host without Rust, in target/gpu-check (about 15 MiB): carry that folder, then run scripts/gpu-check.sh there.
+gpu-bundle: build-deps
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build --release -q -p harness
+    mkdir -p target/gpu-check/tests
+    strip -o target/gpu-check/wringer target/release/wringer
+    cargo test --release -q -p transport --features gpu,rdma --test gpu --no-run --message-format=json \
+        | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]' \
+        | while read -r t; do strip -o target/gpu-check/tests/transport-gpu "$t"; done
+    ls -la target/gpu-check target/gpu-check/tests
+
 # Fuzz the frame decoder (not part of CI). cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
 fuzz seconds="60":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
