@@ -123,7 +123,12 @@ impl GpuRegion {
         timeout: Duration,
     ) -> Result<()> {
         if let Some(staging) = &mut self.staging {
-            gpu.to_host(&self.device, &mut staging.bytes_mut()?[..len])?;
+            let capacity = staging.len();
+            let host = staging
+                .bytes_mut()?
+                .get_mut(..len)
+                .ok_or(GpuError::TooLong { len, capacity })?;
+            gpu.to_host(&self.device, host)?;
         }
         conn.write_region_imm(&self.region, 0, len, remote, remote_offset, imm, timeout)?;
         Ok(())
