@@ -7,9 +7,11 @@ kver="${WRINGER_VM_KERNEL:-6.1.0-56-amd64}"
 dest="${WRINGER_VM_DIR:-/opt/wringer-vm}"
 sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
 
+# qemu-utils: where a newer qemu-utils came preinstalled from outside Debian's archive,
+# installing qemu-system-x86 removes it; listing it keeps qemu-img on the machine.
 # openssh-server: sshd runs inside the rxe-vm-pair VMs (from this machine's files). Installed
 # with service starts denied, so no sshd starts on this machine.
-pkgs=(qemu-system-x86 rdma-core ibverbs-utils perftest rdmacm-utils busybox-static kmod iproute2 openssh-server openssh-client)
+pkgs=(qemu-system-x86 qemu-utils rdma-core ibverbs-utils perftest rdmacm-utils busybox-static kmod iproute2 openssh-server openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
