@@ -12,9 +12,9 @@ sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
 # openssh-server: sshd runs inside the rxe-vm-pair VMs (from this machine's files). Installed
 # with service starts denied, so no sshd starts on this machine.
 pkgs=(qemu-system-x86 qemu-utils rdma-core ibverbs-utils perftest rdmacm-utils busybox-static kmod iproute2 openssh-server openssh-client)
-missing=()
-for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-if [ ${#missing[@]} -gt 0 ]; then
+missing() { local p; for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
+mapfile -t need < <(missing)
+if [ ${#need[@]} -gt 0 ]; then
     $sudo apt-get update -qq
     deny=""
     if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -22,7 +22,10 @@ if [ ${#missing[@]} -gt 0 ]; then
         $sudo chmod +x /usr/sbin/policy-rc.d
         deny=1
     fi
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+    # A second pass: installing one package can remove another (qemu-utils, above).
+    mapfile -t need < <(missing)
+    if [ ${#need[@]} -gt 0 ]; then DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"; fi
     if [ -n "$deny" ]; then $sudo rm -f /usr/sbin/policy-rc.d; fi
 fi
 if ! command -v vng >/dev/null; then
