@@ -12,6 +12,7 @@ macro_rules! say {
 }
 
 pub mod bench;
+pub mod child;
 pub mod containers;
 pub mod coordinator;
 pub mod duration;

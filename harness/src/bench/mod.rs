@@ -49,6 +49,28 @@ enum Goal {
     ValueAtMost(f64),
 }
 
+/// The p50 and p99 rows (µs) of one latency measurement against its reference tool, whose
+/// goal is a ratio of at most `goal`; an error on either side lands in both rows.
+fn latency_rows(
+    rows: &mut Vec<Row>,
+    [p50, p99]: [String; 2],
+    ours: Result<(f64, f64)>,
+    (theirs, tool): (Result<(f64, f64), String>, &str),
+    goal: f64,
+) {
+    let (o50, o99) = match &ours {
+        Ok((a, b)) => (Ok(*a), Ok(*b)),
+        Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
+    };
+    let (t50, t99) = match theirs {
+        Ok((a, b)) => (Ok(a), Ok(b)),
+        Err(e) => (Err(e.clone()), Err(e)),
+    };
+    let goal = Some(Goal::RatioAtMost(goal));
+    rows.push(row(p50, "µs", o50, Some((t50, tool)), goal));
+    rows.push(row(p99, "µs", o99, Some((t99, tool)), goal));
+}
+
 fn row(
     measure: String,
     unit: &'static str,
@@ -114,37 +136,38 @@ fn rdma_rows() -> Vec<Row> {
     let mut rows = vec![];
     let iters = 200;
     for size in [64usize, 4096, 65536] {
-        let ours = ours::rdma_pingpong(ip, size, iters);
-        let theirs = reference::ib_send_lat(&dev, port, gid, &ip.to_string(), size, iters);
-        let (o50, o99) = match &ours {
-            Ok((a, b)) => (Ok(*a), Ok(*b)),
-            Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
+        let perftest = reference::Perftest {
+            dev: &dev,
+            port,
+            gid,
+            ip: &ip.to_string(),
+            size,
+            iters,
         };
-        let (t50, t99) = match theirs {
-            Ok((a, b)) => (Ok(a), Ok(b)),
-            Err(e) => (Err(e.clone()), Err(e)),
-        };
-        rows.push(row(
-            format!(
-                "RDMA SEND ping-pong {} p50 (ib_send_lat: typical)",
-                human(size)
-            ),
-            "µs",
-            o50,
-            Some((t50, "ib_send_lat")),
-            Some(Goal::RatioAtMost(1.10)),
-        ));
-        rows.push(row(
-            format!("RDMA SEND ping-pong {} p99", human(size)),
-            "µs",
-            o99,
-            Some((t99, "ib_send_lat")),
-            Some(Goal::RatioAtMost(1.10)),
-        ));
+        latency_rows(
+            &mut rows,
+            [
+                format!(
+                    "RDMA SEND ping-pong {} p50 (ib_send_lat: typical)",
+                    human(size)
+                ),
+                format!("RDMA SEND ping-pong {} p99", human(size)),
+            ],
+            ours::rdma_pingpong(ip, size, iters),
+            (reference::ib_send_lat(&perftest), "ib_send_lat"),
+            1.10,
+        );
     }
     let size = 65536;
     let ours = ours::rdma_write_bw(ip, size, 1000);
-    let theirs = reference::ib_write_bw(&dev, port, gid, &ip.to_string(), size, 1000);
+    let theirs = reference::ib_write_bw(&reference::Perftest {
+        dev: &dev,
+        port,
+        gid,
+        ip: &ip.to_string(),
+        size,
+        iters: 1000,
+    });
     rows.push(row(
         format!("RDMA WRITE bandwidth, {} messages", human(size)),
         "Gbit/s",
@@ -165,35 +188,21 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     let run = Duration::from_secs(opts.seconds.max(1));
     let mut rows = vec![];
     for size in [64usize, 4096, 65536, 1 << 20] {
-        let ours = ours::pingpong(size, run, None);
-        let theirs = reference::sockperf_pingpong(size, run);
         let tool = if size > reference::SOCKPERF_MAX {
             "sockperf (1 MiB − 1 B, its largest)"
         } else {
             "sockperf"
         };
-        let (o50, o99) = match &ours {
-            Ok((a, b)) => (Ok(*a), Ok(*b)),
-            Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
-        };
-        let (t50, t99) = match theirs {
-            Ok((a, b)) => (Ok(a), Ok(b)),
-            Err(e) => (Err(e.clone()), Err(e)),
-        };
-        rows.push(row(
-            format!("TCP ping-pong {} p50", human(size)),
-            "µs",
-            o50,
-            Some((t50, tool)),
-            Some(Goal::RatioAtMost(1.05)),
-        ));
-        rows.push(row(
-            format!("TCP ping-pong {} p99", human(size)),
-            "µs",
-            o99,
-            Some((t99, tool)),
-            Some(Goal::RatioAtMost(1.05)),
-        ));
+        latency_rows(
+            &mut rows,
+            [
+                format!("TCP ping-pong {} p50", human(size)),
+                format!("TCP ping-pong {} p99", human(size)),
+            ],
+            ours::pingpong(size, run, None),
+            (reference::sockperf_pingpong(size, run), tool),
+            1.05,
+        );
     }
     // The receiver thread hands frames over; a sleeping caller pays a wake-up per message.
     // Spinning briefly removes it, at the price of a busy core: shown separately, never mixed.

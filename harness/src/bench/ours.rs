@@ -143,37 +143,57 @@ pub fn coordinator_startup(ranks: u32, tries: usize, log_dir: &Path) -> Result<f
     Ok(times[times.len() / 2])
 }
 
-/// RDMA SEND one-way latency p50/p99 (µs) over an RC connection to this host itself.
-pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<(f64, f64)> {
-    use transport::rdma::rc::{connect, RcListener, RcOptions, Received};
-    let addr = std::net::SocketAddr::new(ip, 7600);
+/// An RC connection to this host itself on `port`: the accepted side runs `serve` on a thread
+/// (joined by [`joined`]), the connected side is returned.
+fn rc_loopback(
+    ip: std::net::IpAddr,
+    port: u16,
+    size: usize,
+    serve: impl FnOnce(&mut transport::rdma::rc::RcConnection) -> Result<()> + Send + 'static,
+) -> Result<(
+    transport::rdma::rc::RcConnection,
+    std::thread::JoinHandle<Result<()>>,
+)> {
+    use transport::rdma::rc::{connect, RcListener, RcOptions};
+    let addr = std::net::SocketAddr::new(ip, port);
     let opts = RcOptions {
         max_message: size.max(64),
         recv_depth: 16,
-        timeout: Duration::from_secs(30),
+        timeout: RC_TIMEOUT,
     };
     let listener = RcListener::bind(addr, opts)?;
-    let server = std::thread::spawn(move || -> Result<()> {
-        let mut c = listener.accept(Duration::from_secs(30))?;
+    let server = std::thread::spawn(move || serve(&mut listener.accept(RC_TIMEOUT)?));
+    Ok((connect(addr, opts)?, server))
+}
+
+const RC_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn joined(server: std::thread::JoinHandle<Result<()>>) -> Result<()> {
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server thread panicked"))?
+}
+
+/// RDMA SEND one-way latency p50/p99 (µs) over an RC connection to this host itself.
+pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<(f64, f64)> {
+    use transport::rdma::rc::Received;
+    let (mut c, server) = rc_loopback(ip, 7600, size, move |c| {
         for _ in 0..iters {
-            if let Received::Message(m) = c.recv(Duration::from_secs(30))? {
-                c.send(&m, Duration::from_secs(30))?;
+            if let Received::Message(m) = c.recv(RC_TIMEOUT)? {
+                c.send(&m, RC_TIMEOUT)?;
             }
         }
         Ok(())
-    });
-    let mut c = connect(addr, opts)?;
+    })?;
     let msg = vec![0x5au8; size];
     let mut hist = Histogram::<u64>::new(3)?;
     for _ in 0..iters {
         let t = Instant::now();
-        c.send(&msg, Duration::from_secs(30))?;
-        c.recv(Duration::from_secs(30))?;
+        c.send(&msg, RC_TIMEOUT)?;
+        c.recv(RC_TIMEOUT)?;
         hist.record(t.elapsed().as_nanos() as u64 / 2)?;
     }
-    server
-        .join()
-        .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    joined(server)?;
     Ok((
         hist.value_at_quantile(0.5) as f64 / 1e3,
         hist.value_at_quantile(0.99) as f64 / 1e3,
@@ -182,30 +202,18 @@ pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<(f
 
 /// RDMA WRITE (with immediate) bandwidth in Gbit/s, measured at the writer.
 pub fn rdma_write_bw(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<f64> {
-    use transport::rdma::rc::{connect, RcListener, RcOptions};
-    let addr = std::net::SocketAddr::new(ip, 7601);
-    let opts = RcOptions {
-        max_message: size.max(64),
-        recv_depth: 16,
-        timeout: Duration::from_secs(30),
-    };
-    let listener = RcListener::bind(addr, opts)?;
-    let server = std::thread::spawn(move || -> Result<()> {
-        let mut c = listener.accept(Duration::from_secs(30))?;
+    let (mut c, server) = rc_loopback(ip, 7601, size, move |c| {
         for _ in 0..iters {
-            c.recv(Duration::from_secs(30))?;
+            c.recv(RC_TIMEOUT)?;
         }
         Ok(())
-    });
-    let mut c = connect(addr, opts)?;
+    })?;
     let msg = vec![0x77u8; size];
     let t = Instant::now();
     for i in 0..iters {
-        c.write_imm(&msg, i, Duration::from_secs(30))?;
+        c.write_imm(&msg, i, RC_TIMEOUT)?;
     }
     let secs = t.elapsed().as_secs_f64();
-    server
-        .join()
-        .map_err(|_| anyhow::anyhow!("server thread panicked"))??;
+    joined(server)?;
     Ok(size as f64 * iters as f64 * 8.0 / secs / 1e9)
 }

@@ -1,37 +1,13 @@
 //! The reference tools (`sockperf`, `iperf3`) as child processes: started on loopback, waited
 //! for with deadlines, killed by PID and reaped on every path.
 
-use std::io::Read;
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::child::{run_bounded, spawn, Reaped};
 
 /// sockperf refuses messages of 1 MiB or more; its largest is compared with our 1 MiB.
 pub const SOCKPERF_MAX: usize = (1 << 20) - 1;
-
-/// A child process, killed and reaped when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(cmd: &[&str]) -> Result<Reaped, String> {
-    Command::new(cmd[0])
-        .args(&cmd[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map(Reaped)
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("{} is not installed", cmd[0]),
-            _ => format!("{}: {e}", cmd[0]),
-        })
-}
 
 fn free_port() -> Result<u16, String> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
@@ -60,30 +36,10 @@ fn start_server(cmd: &[&str], port: u16) -> Result<Reaped, String> {
 
 /// Run a client to completion within `limit`; its stdout and stderr.
 fn run_client(cmd: &[&str], limit: Duration) -> Result<String, String> {
-    let mut child = spawn(cmd)?;
-    let mut pipes = (child.0.stdout.take(), child.0.stderr.take());
-    // Drain on a thread so a chatty client cannot block on a full pipe.
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        if let Some(s) = pipes.0.as_mut() {
-            let _ = s.read_to_string(&mut out);
-        }
-        if let Some(s) = pipes.1.as_mut() {
-            let _ = s.read_to_string(&mut out);
-        }
-        out
-    });
-    let deadline = Instant::now() + limit;
-    loop {
-        match child.0.try_wait().map_err(|e| e.to_string())? {
-            Some(_) => break,
-            None if Instant::now() > deadline => {
-                return Err(format!("{} did not finish within {limit:?}", cmd[0]))
-            }
-            None => std::thread::sleep(Duration::from_millis(20)),
-        }
+    match run_bounded(cmd, limit)? {
+        (Some(_), out) => Ok(out),
+        (None, _) => Err(format!("{} did not finish within {limit:?}", cmd[0])),
     }
-    Ok(reader.join().unwrap_or_default())
 }
 
 /// One-way latency p50 and p99 in µs from `sockperf ping-pong --tcp`.
@@ -168,30 +124,49 @@ pub fn iperf3_bandwidth(run: Duration) -> Result<f64, String> {
         .ok_or_else(|| "iperf3 reported no received bandwidth".to_string())
 }
 
-/// One-way latency "typical" and 99th percentile (µs) from `ib_send_lat` on this host.
-pub fn ib_send_lat(
-    dev: &str,
-    port: u8,
-    gid: u32,
-    ip: &str,
-    size: usize,
-    iters: u32,
-) -> Result<(f64, f64), String> {
-    let tcp = free_port()?;
-    let common = perftest_args(dev, port, gid, size, iters, tcp);
-    let common: Vec<&str> = common.iter().map(String::as_str).collect();
-    let mut server = vec!["ib_send_lat"];
-    server.extend(&common);
-    let _server = start_server(&server, tcp)?;
-    let mut client = server.clone();
-    client.push(ip);
-    let out = run_client(&client, Duration::from_secs(120))?;
-    let cols = result_line(&out, size).ok_or_else(|| {
-        format!(
-            "unreadable ib_send_lat output: {}",
-            out.lines().last().unwrap_or("")
-        )
-    })?;
+/// Where and what a perftest tool measures on this host.
+pub struct Perftest<'a> {
+    pub dev: &'a str,
+    pub port: u8,
+    pub gid: u32,
+    pub ip: &'a str,
+    pub size: usize,
+    pub iters: u32,
+}
+
+impl Perftest<'_> {
+    /// Run `tool` as server and client (with `extra` arguments on both); the numbers on the
+    /// client's result line for our size.
+    fn run(&self, tool: &str, extra: &[&str]) -> Result<Vec<f64>, String> {
+        let tcp = free_port()?;
+        let (port, gid, size, iters, tcp_s) = (
+            self.port.to_string(),
+            self.gid.to_string(),
+            self.size.to_string(),
+            self.iters.to_string(),
+            tcp.to_string(),
+        );
+        let mut server = vec![
+            tool, "-d", self.dev, "-i", &port, "-x", &gid, "-s", &size, "-n", &iters, "-F", "-p",
+            &tcp_s,
+        ];
+        server.extend(extra);
+        let _server = start_server(&server, tcp)?;
+        let mut client = server.clone();
+        client.push(self.ip);
+        let out = run_client(&client, Duration::from_secs(120))?;
+        result_line(&out, self.size).ok_or_else(|| {
+            format!(
+                "unreadable {tool} output: {}",
+                out.lines().last().unwrap_or("")
+            )
+        })
+    }
+}
+
+/// One-way latency "typical" and 99th percentile (µs) from `ib_send_lat`.
+pub fn ib_send_lat(p: &Perftest) -> Result<(f64, f64), String> {
+    let cols = p.run("ib_send_lat", &[])?;
     // bytes iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
     match (cols.get(4), cols.get(7)) {
         (Some(t), Some(p99)) => Ok((*t, *p99)),
@@ -199,55 +174,13 @@ pub fn ib_send_lat(
     }
 }
 
-/// Average bandwidth (Gbit/s) from `ib_write_bw` on this host.
-pub fn ib_write_bw(
-    dev: &str,
-    port: u8,
-    gid: u32,
-    ip: &str,
-    size: usize,
-    iters: u32,
-) -> Result<f64, String> {
-    let tcp = free_port()?;
-    let mut args = perftest_args(dev, port, gid, size, iters, tcp);
-    args.push("--report_gbits".into());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut server = vec!["ib_write_bw"];
-    server.extend(&args);
-    let _server = start_server(&server, tcp)?;
-    let mut client = server.clone();
-    client.push(ip);
-    let out = run_client(&client, Duration::from_secs(120))?;
+/// Average bandwidth (Gbit/s) from `ib_write_bw`.
+pub fn ib_write_bw(p: &Perftest) -> Result<f64, String> {
+    let cols = p.run("ib_write_bw", &["--report_gbits"])?;
     // bytes iterations BW-peak BW-average MsgRate
-    result_line(&out, size)
-        .and_then(|c| c.get(3).copied())
-        .ok_or_else(|| {
-            format!(
-                "unreadable ib_write_bw output: {}",
-                out.lines().last().unwrap_or("")
-            )
-        })
-}
-
-fn perftest_args(dev: &str, port: u8, gid: u32, size: usize, iters: u32, tcp: u16) -> Vec<String> {
-    [
-        "-d",
-        dev,
-        "-i",
-        &port.to_string(),
-        "-x",
-        &gid.to_string(),
-        "-s",
-        &size.to_string(),
-        "-n",
-        &iters.to_string(),
-        "-F",
-        "-p",
-        &tcp.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    cols.get(3)
+        .copied()
+        .ok_or_else(|| "short ib_write_bw result line".into())
 }
 
 /// The numbers on perftest's result line for `size` (it starts with the message size).

@@ -294,8 +294,7 @@ pub fn rdma(
     }
     t.messages += plan.stream_messages;
     super::rdma::counts_into(&c, report);
-    ctx.control
-        .barrier(&format!("gpu-rdma-{step}-done"), 2, deadline)?;
+    super::rdma::barrier(ctx, step, "gpu-done", deadline)?;
     drop((tx, rx));
     t.into_report(report);
     Ok(())

@@ -60,6 +60,33 @@ fn port(step: usize) -> u16 {
     7471 + step as u16
 }
 
+/// Both ranks pass the step's barrier `name` (rank 0 and rank 1 only).
+pub(super) fn barrier(ctx: &Ctx, step: usize, name: &str, deadline: Duration) -> Result<()> {
+    ctx.control
+        .barrier(&format!("rdma-{step}-{name}"), 2, deadline)
+}
+
+/// Where rank 0 serves: its first active RoCE address.
+fn server_ip(ctx: &Ctx) -> Result<IpAddr> {
+    ctx.peers[0]
+        .rdma
+        .context("rank 0 has no active RoCE interface")
+}
+
+/// The connections the server has finished with, once `count` of them are (or the deadline
+/// passed: the caller's checks then see fewer).
+fn wait_served(
+    server: &RdmaServer,
+    count: usize,
+    deadline: Duration,
+) -> Vec<transport::rdma::server::Served> {
+    let end = Instant::now() + deadline;
+    while server.served().len() < count && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server.served()
+}
+
 fn options(max: u32, deadline: Duration) -> RcOptions {
     RcOptions {
         max_message: (max as usize).max(64),
@@ -70,22 +97,18 @@ fn options(max: u32, deadline: Duration) -> RcOptions {
 
 /// Rank 0 accepts, rank 1 connects; the barrier makes sure the listener exists first.
 pub(super) fn pair(ctx: &Ctx, step: usize, max: u32, deadline: Duration) -> Result<RcConnection> {
-    let server = ctx.peers[0]
-        .rdma
-        .context("rank 0 has no active RoCE interface")?;
+    let server = server_ip(ctx)?;
     let addr = SocketAddr::new(server, port(step));
     let opts = options(max, deadline);
     if ctx.rank == 0 {
         let listener =
             RcListener::bind(addr, opts).with_context(|| format!("rdma_cm listen on {addr}"))?;
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        barrier(ctx, step, "listening", deadline)?;
         Ok(listener
             .accept(deadline)
             .context("accepting the RC connection")?)
     } else {
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        barrier(ctx, step, "listening", deadline)?;
         Ok(connect(addr, opts).with_context(|| format!("connecting to {addr}"))?)
     }
 }
@@ -168,8 +191,7 @@ pub fn pingpong(
         .metrics
         .insert("rdma_data_mismatches".into(), mismatches as f64);
     counts_into(&c, report);
-    ctx.control
-        .barrier(&format!("rdma-{step}-done"), 2, deadline)?;
+    barrier(ctx, step, "done", deadline)?;
     Ok(())
 }
 
@@ -288,8 +310,7 @@ pub fn stream(
         );
     }
     counts_into(&c, report);
-    ctx.control
-        .barrier(&format!("rdma-{step}-done"), 2, deadline)?;
+    barrier(ctx, step, "done", deadline)?;
     Ok(())
 }
 
@@ -305,9 +326,7 @@ pub fn graceful_shutdown(
     if ctx.rank > 1 {
         return Ok(());
     }
-    let server_ip = ctx.peers[0]
-        .rdma
-        .context("rank 0 has no active RoCE interface")?;
+    let server_ip = server_ip(ctx)?;
     let addr = SocketAddr::new(server_ip, port(step));
     let rc = options(4096, deadline);
     if ctx.rank == 0 {
@@ -319,16 +338,10 @@ pub fn graceful_shutdown(
             pool,
             stats_period,
         })?;
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
-        ctx.control
-            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        barrier(ctx, step, "listening", deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
         // Every disconnect is handled by the server's CM loop; wait (bounded) for all of them.
-        let end = Instant::now() + deadline;
-        while server.served().len() < connections as usize && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let served = server.served();
+        let served = wait_served(&server, connections as usize, deadline);
         let started = Instant::now();
         let stats = server.shutdown();
         let m = &mut report.metrics;
@@ -349,8 +362,7 @@ pub fn graceful_shutdown(
             served.iter().all(|s| s.buffers_returned_after_join)
         ));
     } else {
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        barrier(ctx, step, "listening", deadline)?;
         let mut mismatches = 0u32;
         for c in 0..connections {
             let mut conn = connect(addr, rc).with_context(|| format!("connection {c}"))?;
@@ -364,8 +376,7 @@ pub fn graceful_shutdown(
         report
             .metrics
             .insert("rdma_data_mismatches".into(), mismatches as f64);
-        ctx.control
-            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
     }
     Ok(())
 }
@@ -395,15 +406,9 @@ pub fn interface_index(
             pool: 4,
             stats_period: Duration::from_millis(20),
         })?;
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
-        ctx.control
-            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
-        let end = Instant::now() + deadline;
-        while server.served().len() < addresses.len() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let served = server.served();
+        barrier(ctx, step, "listening", deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
+        let served = wait_served(&server, addresses.len(), deadline);
         let mut mismatches = 0;
         for s in &served {
             let dialled = String::from_utf8_lossy(&s.first_message).to_string();
@@ -426,8 +431,7 @@ pub fn interface_index(
             .insert("rdma_interface_mismatches".into(), mismatches as f64);
         server.shutdown();
     } else {
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        barrier(ctx, step, "listening", deadline)?;
         for ip in &addresses {
             let mut conn = connect(SocketAddr::new(*ip, port(step)), rc)?;
             let msg = ip.to_string().into_bytes();
@@ -436,8 +440,7 @@ pub fn interface_index(
                 bail!("the echo from {ip} differs");
             }
         }
-        ctx.control
-            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
     }
     Ok(())
 }
@@ -503,9 +506,7 @@ pub fn xhost_send(
     if ctx.rank > 1 {
         return Ok(());
     }
-    let server_ip = ctx.peers[0]
-        .rdma
-        .context("rank 0 has no active RoCE interface")?;
+    let server_ip = server_ip(ctx)?;
     let rc = options(4096, deadline);
     if ctx.rank == 0 {
         let started = Instant::now();
@@ -517,10 +518,8 @@ pub fn xhost_send(
             pool: 2,
             stats_period: Duration::from_millis(100),
         })?;
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
-        ctx.control
-            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        barrier(ctx, step, "listening", deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
         // Serve until the timer, then shut down gracefully: the exit must follow the timer.
         let timer = started + server_seconds;
         while Instant::now() < timer {
@@ -544,8 +543,7 @@ pub fn xhost_send(
             .notes
             .push(format!("server on {server_ip}: {stats:?}"));
     } else {
-        ctx.control
-            .barrier(&format!("rdma-{step}-listening"), 2, deadline)?;
+        barrier(ctx, step, "listening", deadline)?;
         let mut conn = connect(SocketAddr::new(server_ip, port(step)), rc)
             .with_context(|| format!("connecting to {server_ip} from the other host"))?;
         let (mut sent, mut echoes) = (0u32, 0u32);
@@ -571,46 +569,18 @@ pub fn xhost_send(
             conn.counts().0
         ));
         drop(conn);
-        ctx.control
-            .barrier(&format!("rdma-{step}-clients-done"), 2, deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
     }
     Ok(())
 }
 
-/// `ibv_rc_pingpong` as a child: killed and reaped on every path; its stdout+stderr returned.
+/// `ibv_rc_pingpong` as a child, within `limit`: whether it succeeded, and its output.
 fn reference(args: &[String], limit: Duration) -> Result<(bool, String)> {
-    let mut child = std::process::Command::new("ibv_rc_pingpong")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .context("starting ibv_rc_pingpong (install ibverbs-utils)")?;
-    let mut pipes = (child.stdout.take(), child.stderr.take());
-    let reader = std::thread::spawn(move || {
-        use std::io::Read;
-        let mut out = String::new();
-        if let Some(s) = pipes.0.as_mut() {
-            let _ = s.read_to_string(&mut out);
-        }
-        if let Some(s) = pipes.1.as_mut() {
-            let _ = s.read_to_string(&mut out);
-        }
-        out
-    });
-    let end = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break Some(s);
-        }
-        if Instant::now() > end {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let _ = child.kill();
-    let _ = child.wait();
-    let out = reader.join().unwrap_or_default();
+    let cmd: Vec<&str> = std::iter::once("ibv_rc_pingpong")
+        .chain(args.iter().map(String::as_str))
+        .collect();
+    let (status, out) = crate::child::run_bounded(&cmd, limit)
+        .map_err(|e| anyhow::anyhow!("{e} (it comes with ibverbs-utils)"))?;
     Ok((status.is_some_and(|s| s.success()), out))
 }
 

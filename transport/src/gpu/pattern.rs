@@ -29,10 +29,7 @@ pub fn byte(seed: u64, i: u64) -> u8 {
 
 /// The first `len` bytes of the pattern for `seed`.
 pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let k = key(seed);
-    (0..len as u64)
-        .map(|i| ((i ^ k).wrapping_mul(GOLDEN) >> 56) as u8)
-        .collect()
+    (0..len as u64).map(|i| byte(seed, i)).collect()
 }
 
 /// PTX ISA 7.0 for sm_70 and newer: the driver JIT-compiles it for the GPU at hand (V100 up to
