@@ -1,5 +1,5 @@
 //! The wringer harness: scenario files, host profiles and probes, the coordinator and its
-//! ranks, the watchdog, verdicts and reports.
+//! ranks, the watchdog, verdicts and reports, in five layers.
 
 /// Print a line to stdout, ignoring a closed pipe (`wringer list | head` must not panic, and a
 /// run whose reader went away must still finish and write its report).
@@ -11,24 +11,9 @@ macro_rules! say {
     }};
 }
 
-pub mod bench;
-pub mod child;
-pub mod containers;
-pub mod coordinator;
-pub mod duration;
-pub mod hosts;
-pub mod input;
-pub mod launcher;
-pub mod placement;
-pub mod probe;
-pub mod procfs;
-pub mod protocol;
-pub mod rank;
-pub mod report;
-pub mod runner;
-pub mod scenario;
-pub mod site;
-pub mod ssh;
-pub mod steps;
-pub mod verdict;
-pub mod vm;
+// The layers, each importing only the ones above it (a test checks it):
+pub mod hosts; // 2. host profiles and what hosts can do: probe, placement, ssh, containers, vm
+pub mod model; // 1. what a scenario says and what a run records: types and checks, no IO
+pub mod orchestration; // 4. runner, coordinator core and shell, launcher, policy, verdicts
+pub mod outputs;
+pub mod rank; // 3. the rank side: the worker, its protocol, the step kinds // 5. reporters, the HTML site, the bench

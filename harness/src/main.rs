@@ -5,8 +5,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use harness::input::InputError;
-use harness::{hosts, probe, runner, scenario};
+use harness::hosts::{placement, probe, profile as hosts};
+use harness::model::input::InputError;
+use harness::model::scenario;
+use harness::orchestration::runner;
+use harness::outputs::progress::Progress;
+use harness::outputs::report::ReportWriter;
+use harness::outputs::{bench, site};
+use harness::rank::steps::{self, Loaded};
 
 /// Puts collective-communication transports through the wringer.
 #[derive(Parser)]
@@ -128,7 +134,9 @@ fn main() -> ExitCode {
                 seed,
                 strict,
             };
-            runner::run(scenarios, &profile, &opts)
+            let mut progress = Progress::default();
+            let mut files = ReportWriter::default();
+            runner::run(scenarios, &profile, &opts, &mut [&mut progress, &mut files])
         })(),
         Command::List { paths, hosts } => (|| {
             let profile = hosts::load(&hosts)?;
@@ -163,8 +171,8 @@ fn main() -> ExitCode {
                 Some(file) => {
                     let profile = hosts::load(&file)?;
                     let run_id = format!("probe-{}", std::process::id());
-                    let placement = harness::placement::prepare(&profile, &run_id)?;
-                    (profile.name.clone(), harness::placement::facts(&placement)?)
+                    let placement = placement::prepare(&profile, &run_id)?;
+                    (profile.name.clone(), placement::facts(&placement)?)
                 }
             };
             if json && facts.len() == 1 {
@@ -185,15 +193,15 @@ fn main() -> ExitCode {
             ranks,
             rdma_only,
         } => (|| {
-            let opts = harness::bench::BenchOptions {
+            let opts = bench::BenchOptions {
                 seconds,
                 out_dir: out.clone(),
                 ranks,
                 rdma_only,
             };
-            let report = harness::bench::run(&opts)?;
-            harness::say!("{}", harness::bench::markdown(&report).trim_end());
-            harness::bench::write(&report, &out)?;
+            let report = bench::run(&opts)?;
+            harness::say!("{}", bench::markdown(&report).trim_end());
+            bench::write(&report, &out)?;
             harness::say!("written: {}/bench.json, bench.md", out.display());
             Ok(0)
         })(),
@@ -203,13 +211,13 @@ fn main() -> ExitCode {
             out,
             threshold,
         } => (|| {
-            let opts = harness::site::ReportOptions {
+            let opts = site::ReportOptions {
                 runs,
                 history,
                 out,
                 threshold,
             };
-            let page = harness::site::write(&opts)?;
+            let page = site::write(&opts)?;
             harness::say!("report: {}", page.display());
             Ok(0)
         })(),
@@ -218,7 +226,7 @@ fn main() -> ExitCode {
             rank,
             bind,
             token_stdin,
-        } => harness::rank::run(rendezvous, rank, bind, token_stdin).map(|()| 0),
+        } => harness::rank::worker::run(rendezvous, rank, bind, token_stdin).map(|()| 0),
     };
     match outcome {
         Ok(code) => ExitCode::from(code as u8),
@@ -232,7 +240,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<scenario::Loaded>> {
+fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
     let files = scenario::discover(paths)?;
     if files.is_empty() {
         return Err(
@@ -242,7 +250,7 @@ fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<scenario::Loaded>> {
     let mut loaded = vec![];
     let mut names = std::collections::HashMap::new();
     for f in files {
-        let l = scenario::load(&f)?;
+        let l = steps::load(&f)?;
         if let Some(prev) = names.insert(l.scenario.name.clone(), f.clone()) {
             return Err(InputError::plain(
                 &f,
@@ -274,7 +282,7 @@ fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
         let result = if is_hosts {
             hosts::load(f).map(|_| ())
         } else {
-            scenario::load(f).map(|_| ())
+            steps::load(f).map(|_| ())
         };
         match result {
             Ok(()) => harness::say!("ok   {}", f.display()),

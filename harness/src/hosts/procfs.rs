@@ -1,0 +1,115 @@
+//! Facts about processes read from /proc: descriptor and thread counts, whether a thread is
+//! blocked in a receive, and thread stacks for hang evidence.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+pub fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Poll `cond` (for states the kernel offers no event for) until it holds, at most `limit`.
+pub fn wait_until(cond: impl Fn() -> bool, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut spins = 0u32;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        spins += 1;
+        if spins < 200 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    false
+}
+
+/// Kernel and (when gdb is installed) user-space stacks of every thread of `pid`.
+pub fn capture_stacks(pid: u32, gdb_limit: Duration) -> String {
+    let mut out = String::new();
+    let task_dir = format!("/proc/{pid}/task");
+    if let Ok(tasks) = std::fs::read_dir(&task_dir) {
+        let mut tids: Vec<String> = tasks
+            .flatten()
+            .map(|t| t.file_name().to_string_lossy().into_owned())
+            .collect();
+        tids.sort();
+        for tid in tids {
+            let base = Path::new(&task_dir).join(&tid);
+            let name = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
+            let wchan = std::fs::read_to_string(base.join("wchan")).unwrap_or_default();
+            let syscall = std::fs::read_to_string(base.join("syscall")).unwrap_or_default();
+            let stack = std::fs::read_to_string(base.join("stack"))
+                .unwrap_or_else(|e| format!("(unreadable: {e})\n"));
+            out.push_str(&format!(
+                "--- thread {tid} ({}) wchan={} syscall={}\n{stack}",
+                name.trim(),
+                wchan.trim(),
+                syscall.split_whitespace().next().unwrap_or("?")
+            ));
+        }
+    } else {
+        out.push_str(&format!("(process {pid} is gone; no stacks)\n"));
+    }
+    if crate::hosts::probe::on_path("gdb") {
+        out.push_str(&gdb_backtrace(pid, gdb_limit));
+    }
+    out
+}
+
+fn gdb_backtrace(pid: u32, limit: Duration) -> String {
+    let child = Command::new("gdb")
+        .args([
+            "-batch",
+            "-nx",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "thread apply all bt",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn();
+    let Ok(mut child) = child else {
+        return "(gdb could not start)\n".into();
+    };
+    // Drain stdout on a thread so a long backtrace cannot fill the pipe and stall gdb.
+    let mut stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(s) = stdout.as_mut() {
+            use std::io::Read;
+            let _ = s.read_to_string(&mut text);
+        }
+        text
+    });
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return format!("(gdb did not finish within {limit:?})\n");
+            }
+        }
+    }
+    let text = reader.join().unwrap_or_default();
+    format!("--- gdb: thread apply all bt\n{text}")
+}
+
+use std::os::unix::process::CommandExt;

@@ -1,0 +1,297 @@
+//! Host profiles (`hosts/*.yaml`): where ranks run, how to reach those hosts, and what they
+//! must have. Placeholders and values that could smuggle options or shell syntax into an SSH
+//! command line are rejected here, before any connection is tried.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use crate::model::input::{located, InputError};
+use crate::model::requirement::Requirement;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostProfile {
+    pub name: String,
+    pub description: String,
+    pub kind: ProfileKind,
+    /// Hardware this profile must have: a skip for one of these becomes a failure.
+    #[serde(default)]
+    pub must_have: Vec<Requirement>,
+    /// `containers` profiles: how many test hosts, from which locally built image.
+    #[serde(default)]
+    pub containers: Option<ContainerSpec>,
+    /// `ssh` profiles: the hosts.
+    #[serde(default)]
+    pub hosts: Vec<Spanned<Host>>,
+    /// `ssh` profiles: the address of this machine that every host can reach (the rendezvous
+    /// listens there).
+    #[serde(default)]
+    pub coordinator_addr: Option<Spanned<String>>,
+    /// `rxe-vm` profiles: the VM.
+    #[serde(default)]
+    pub vm: Option<VmSpec>,
+    #[serde(skip)]
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// The kernel to boot (`just setup-rxe` unpacks Debian's).
+    pub kernel: PathBuf,
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    #[serde(default = "default_cpus")]
+    pub cpus: u32,
+    /// How many rxe devices to create, each on its own veth (10.213.N.1/24).
+    #[serde(default = "one")]
+    pub rxe_devices: u32,
+}
+
+fn default_memory() -> String {
+    "2G".into()
+}
+
+fn default_cpus() -> u32 {
+    2
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProfileKind {
+    /// Every rank is a local process on loopback.
+    Local,
+    /// N throwaway containers on private Docker networks, reached over SSH like real hosts.
+    Containers,
+    /// Real hosts reached with the system `ssh` (so ~/.ssh/config applies).
+    Ssh,
+    /// One VM (virtme-ng, TCG) with soft-RoCE devices, for machines whose kernel has no RDMA:
+    /// the whole run happens inside it, on this machine's filesystem.
+    RxeVm,
+    /// Two such VMs joined by a qemu socket link on 127.0.0.1, one rxe device each: a real
+    /// two-host RoCE link on one machine. The run happens in the first, reaching both over SSH.
+    RxeVmPair,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerSpec {
+    pub count: u32,
+    #[serde(default = "default_image")]
+    pub image: String,
+}
+
+fn default_image() -> String {
+    "wringer-host:bookworm".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    pub name: Spanned<String>,
+    pub ssh: SshSpec,
+    /// The address other ranks use to reach this host's ranks (the data plane).
+    pub data_addr: Spanned<String>,
+    #[serde(default)]
+    pub interfaces: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub rdma: Option<RdmaSpec>,
+    #[serde(default)]
+    pub gpu: Option<Spanned<String>>,
+    /// Where the wringer binary is kept on the host (default ~/.cache/wringer).
+    #[serde(default)]
+    pub remote_dir: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SshSpec {
+    /// A host name, an address, or a `Host` alias from ~/.ssh/config.
+    pub host: Spanned<String>,
+    #[serde(default)]
+    pub user: Option<Spanned<String>>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub identity: Option<Spanned<String>>,
+    /// Accept a host key never seen before (throwaway test hosts only).
+    #[serde(default)]
+    pub trust_new_host_keys: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaSpec {
+    pub device: Spanned<String>,
+    pub port: u32,
+}
+
+impl HostProfile {
+    /// How many distinct hosts ranks are spread over.
+    pub fn hosts(&self) -> usize {
+        match self.kind {
+            ProfileKind::Local => 1,
+            ProfileKind::Containers => self
+                .containers
+                .as_ref()
+                .map(|c| c.count as usize)
+                .unwrap_or(0),
+            ProfileKind::Ssh => self.hosts.len(),
+            ProfileKind::RxeVm => 1,
+            ProfileKind::RxeVmPair => 2,
+        }
+    }
+}
+
+pub fn load(path: &Path) -> Result<HostProfile, InputError> {
+    let text = std::fs::read_to_string(path).map_err(|e| InputError::io(path, e))?;
+    let mut p: HostProfile = crate::model::input::parse_yaml(path, &text)?;
+    p.file = path.to_owned();
+    check(path, &p)?;
+    Ok(p)
+}
+
+fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
+    match p.kind {
+        ProfileKind::Local => {
+            if p.containers.is_some() || !p.hosts.is_empty() {
+                return Err(InputError::plain(
+                    path,
+                    "a `local` profile takes no `containers` or `hosts`",
+                ));
+            }
+        }
+        ProfileKind::RxeVm | ProfileKind::RxeVmPair => match &p.vm {
+            None => {
+                return Err(InputError::plain(
+                    path,
+                    "an `rxe-vm` profile needs `vm: { kernel: PATH }`",
+                ))
+            }
+            Some(v) if !(1..=4).contains(&v.rxe_devices) => {
+                return Err(InputError::plain(
+                    path,
+                    format!("vm.rxe_devices must be 1..=4, got {}", v.rxe_devices),
+                ))
+            }
+            Some(v) => safe(path, None, "vm.memory", &v.memory, Charset::Name)?,
+        },
+        ProfileKind::Containers => match &p.containers {
+            None => {
+                return Err(InputError::plain(
+                    path,
+                    "a `containers` profile needs `containers: { count: N }`",
+                ))
+            }
+            Some(c) if !(1..=16).contains(&c.count) => {
+                return Err(InputError::plain(
+                    path,
+                    format!("containers.count must be 1..=16, got {}", c.count),
+                ))
+            }
+            Some(c) => safe(path, None, "containers.image", &c.image, Charset::Image)?,
+        },
+        ProfileKind::Ssh => {
+            if p.hosts.is_empty() {
+                return Err(InputError::plain(path, "an `ssh` profile needs `hosts:`"));
+            }
+            let Some(addr) = &p.coordinator_addr else {
+                return Err(InputError::plain(path, "an `ssh` profile needs `coordinator_addr`: this machine's address that every host can reach"));
+            };
+            spanned(path, "coordinator_addr", addr, Charset::Address)?;
+            for h in &p.hosts {
+                let h = &h.value;
+                spanned(path, "name", &h.name, Charset::Name)?;
+                spanned(path, "ssh.host", &h.ssh.host, Charset::Address)?;
+                spanned(path, "data_addr", &h.data_addr, Charset::Address)?;
+                if let Some(u) = &h.ssh.user {
+                    spanned(path, "ssh.user", u, Charset::Name)?;
+                }
+                if let Some(i) = &h.ssh.identity {
+                    spanned(path, "ssh.identity", i, Charset::Path)?;
+                }
+                if let Some(d) = &h.remote_dir {
+                    spanned(path, "remote_dir", d, Charset::Path)?;
+                }
+                for i in &h.interfaces {
+                    spanned(path, "interfaces", i, Charset::Name)?;
+                }
+                if let Some(r) = &h.rdma {
+                    spanned(path, "rdma.device", &r.device, Charset::Name)?;
+                }
+                if let Some(g) = &h.gpu {
+                    placeholder(path, "gpu", g)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Charset {
+    /// Host aliases, user names, device and interface names.
+    Name,
+    /// Host names and IP addresses.
+    Address,
+    Path,
+    Image,
+}
+
+fn placeholder(path: &Path, field: &str, v: &Spanned<String>) -> Result<(), InputError> {
+    let s = &v.value;
+    if s.contains('<') || s.contains('>') || s.contains("PLACEHOLDER") || s.contains("CHANGE-ME") {
+        return Err(located(
+            path,
+            &v.referenced,
+            format!(
+                "`{field}` is still the placeholder `{s}`: put the real value there before running"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn spanned(
+    path: &Path,
+    field: &str,
+    v: &Spanned<String>,
+    charset: Charset,
+) -> Result<(), InputError> {
+    placeholder(path, field, v)?;
+    safe(path, Some(&v.referenced), field, &v.value, charset)
+}
+
+/// Only characters that cannot start an option or mean anything to a shell.
+fn safe(
+    path: &Path,
+    at: Option<&serde_saphyr::Location>,
+    field: &str,
+    s: &str,
+    charset: Charset,
+) -> Result<(), InputError> {
+    let extra: &[char] = match charset {
+        Charset::Name => &['.', '_', '-'],
+        Charset::Address => &['.', '_', '-', ':'],
+        Charset::Path => &['.', '_', '-', '/', '~'],
+        Charset::Image => &['.', '_', '-', '/', ':'],
+    };
+    let ok = !s.is_empty()
+        && !s.starts_with('-')
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(&c));
+    if ok {
+        return Ok(());
+    }
+    let msg = format!("`{field}` value `{s}` is not allowed: use letters, digits and {} only, not starting with `-`", extra.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(" "));
+    Err(match at {
+        Some(at) => located(path, at, msg),
+        None => InputError::plain(path, msg),
+    })
+}

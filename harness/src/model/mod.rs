@@ -1,0 +1,9 @@
+//! Layer 1, the model: what a scenario says and what a run records. Types and checks only: no
+//! processes, sockets or files beyond reading the scenario itself.
+
+pub mod duration;
+pub mod input;
+pub mod metric;
+pub mod requirement;
+pub mod result;
+pub mod scenario;

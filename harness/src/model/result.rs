@@ -1,0 +1,73 @@
+//! What a run records about each scenario: the verdict, its reason, the metrics and latency
+//! series observed, and the evidence. `results.json` is these records.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::metric::{Metric, SampleKey};
+
+/// The schema of `results.json`. 2: latency is keyed by series and size (`latency/4096`);
+/// before it (no `schema` field) by size alone, which still reads as the `latency` series.
+pub const SCHEMA: u32 = 2;
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Fail,
+    Skip,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct MetricSummary {
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub count: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Latency {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub count: u64,
+    /// (upper bound in µs, count) per power-of-two bucket, for histograms.
+    #[serde(default)]
+    pub histogram: Vec<(f64, u64)>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Stacks {
+    pub repeat: u32,
+    pub rank: u32,
+    pub pid: u32,
+    pub text: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Evidence {
+    pub failures: Vec<String>,
+    pub notes: Vec<String>,
+    pub faults: Vec<String>,
+    pub stacks: Vec<Stacks>,
+    pub rank_logs: Vec<PathBuf>,
+    pub rejected_rendezvous_connections: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ScenarioResult {
+    pub name: String,
+    pub file: PathBuf,
+    pub verdict: Verdict,
+    pub reason: Option<String>,
+    pub duration_s: f64,
+    pub repeats: u32,
+    pub repeats_failed: u32,
+    pub metrics: BTreeMap<Metric, MetricSummary>,
+    /// Latency percentiles per series and message size, over every rank and repeat.
+    pub latency: BTreeMap<SampleKey, Latency>,
+    pub evidence: Evidence,
+}

@@ -1,0 +1,246 @@
+//! Scenario files: the schema, loading, and the checks that make bad input a located error.
+//! The step kinds themselves live with the rank side (`rank::steps`); the schema only needs
+//! what a step declares about itself ([`StepSpec`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_saphyr::Spanned;
+
+use super::duration::Dur;
+use super::input::{located, InputError};
+use super::metric::{Bound, Metric, Series};
+use super::requirement::Requirement;
+
+/// What a step kind declares about itself, so a scenario can be checked before anything runs.
+pub trait StepSpec {
+    /// The kind's name in YAML (`teardown-cycles`).
+    fn name(&self) -> &'static str;
+    /// Every metric the step records; recording another one is an error.
+    fn metrics(&self) -> &'static [Metric];
+    /// Every latency series the step samples.
+    fn series(&self) -> &'static [Series] {
+        &[]
+    }
+    /// Fewest ranks the step needs.
+    fn min_ranks(&self) -> u32 {
+        2
+    }
+    /// The step's own deadline.
+    fn deadline(&self) -> Duration;
+    /// Parameter checks against the scenario's rank count; the message says what to fix.
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[serde(bound(deserialize = "S: Deserialize<'de>"))]
+pub struct Scenario<S> {
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub requires: Vec<Requirement>,
+    pub ranks: Spanned<u32>,
+    /// Whole-scenario deadline, per repeat.
+    pub deadline: Dur,
+    #[serde(default = "one")]
+    pub repeat: u32,
+    #[serde(default)]
+    pub faults: Vec<Spanned<Fault>>,
+    pub steps: Vec<Spanned<S>>,
+    pub expect: BTreeMap<Metric, Spanned<Bound>>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Kill or freeze a rank when it reports reaching a named point.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fault {
+    pub rank: u32,
+    pub at: String,
+    pub action: FaultAction,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultAction {
+    /// Kill the rank's process.
+    Sigkill,
+    /// Freeze the rank's process (its sockets stay open).
+    Sigstop,
+    /// Kill the rank's whole host (container hosts only).
+    HostKill,
+    /// Freeze the rank's whole host (docker pause).
+    HostFreeze,
+    /// Cut the host's data link silently: no FIN, no RST.
+    LinkCut,
+    /// Rate-limit the host's data link to 10 Mbit/s (tc tbf).
+    RateLimit,
+}
+
+impl FaultAction {
+    /// Acts on a host, so it needs hosts the harness controls (the containers profile).
+    pub fn is_host_level(self) -> bool {
+        !matches!(self, FaultAction::Sigkill | FaultAction::Sigstop)
+    }
+
+    /// The rank will not finish by itself afterwards (it is dead or frozen).
+    pub fn stops_the_rank(self) -> bool {
+        matches!(
+            self,
+            FaultAction::Sigkill
+                | FaultAction::Sigstop
+                | FaultAction::HostKill
+                | FaultAction::HostFreeze
+        )
+    }
+
+    /// The rank's own errors afterwards are the fault's doing, not the transport's.
+    pub fn excuses_the_rank(self) -> bool {
+        self != FaultAction::RateLimit
+    }
+}
+
+/// A scenario as loaded from disk, with where it came from.
+#[derive(Debug)]
+pub struct Loaded<S> {
+    pub path: PathBuf,
+    pub scenario: Scenario<S>,
+}
+
+impl<S: Clone> Loaded<S> {
+    pub fn steps(&self) -> Vec<S> {
+        self.scenario
+            .steps
+            .iter()
+            .map(|s| s.value.clone())
+            .collect()
+    }
+
+    pub fn faults(&self) -> Vec<Fault> {
+        self.scenario
+            .faults
+            .iter()
+            .map(|f| f.value.clone())
+            .collect()
+    }
+
+    pub fn ranks(&self) -> u32 {
+        self.scenario.ranks.value
+    }
+}
+
+/// Parse and check one scenario file.
+pub fn load<S: StepSpec + DeserializeOwned>(path: &Path) -> Result<Loaded<S>, InputError> {
+    let text = std::fs::read_to_string(path).map_err(|e| InputError::io(path, e))?;
+    let scenario: Scenario<S> = super::input::parse_yaml(path, &text)?;
+    check(path, &scenario)?;
+    Ok(Loaded {
+        path: path.to_owned(),
+        scenario,
+    })
+}
+
+fn check<S: StepSpec>(path: &Path, s: &Scenario<S>) -> Result<(), InputError> {
+    let ranks = s.ranks.value;
+    if !(1..=256).contains(&ranks) {
+        return Err(located(
+            path,
+            &s.ranks.referenced,
+            format!("ranks must be 1..=256, got {ranks}"),
+        ));
+    }
+    if s.repeat == 0 {
+        return Err(InputError::plain(path, "repeat must be at least 1"));
+    }
+    if s.steps.is_empty() {
+        return Err(InputError::plain(
+            path,
+            "a scenario needs at least one step",
+        ));
+    }
+    for step in &s.steps {
+        if ranks < step.value.min_ranks() {
+            return Err(located(
+                path,
+                &step.referenced,
+                format!(
+                    "step `{}` needs at least {} ranks, the scenario has {ranks}",
+                    step.value.name(),
+                    step.value.min_ranks()
+                ),
+            ));
+        }
+        if let Err(why) = step.value.check(ranks) {
+            return Err(located(
+                path,
+                &step.referenced,
+                format!("step `{}`: {why}", step.value.name()),
+            ));
+        }
+    }
+    for fault in &s.faults {
+        if fault.value.rank >= ranks {
+            return Err(located(
+                path,
+                &fault.referenced,
+                format!(
+                    "fault names rank {}, the scenario has {ranks}",
+                    fault.value.rank
+                ),
+            ));
+        }
+    }
+    let produced: Vec<Metric> = s
+        .steps
+        .iter()
+        .flat_map(|st| st.value.metrics().iter().copied())
+        .collect();
+    for (metric, bound) in &s.expect {
+        if !produced.contains(metric) {
+            return Err(located(
+                path,
+                &bound.referenced,
+                format!("no step of this scenario reports `{metric}`; it would never be checked"),
+            ));
+        }
+        let b = bound.value;
+        if b.min.is_none() && b.max.is_none() && b.equals.is_none() {
+            return Err(located(
+                path,
+                &bound.referenced,
+                "a bound needs min, max or equals".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Expand files and folders into scenario files, sorted, so a run's order is stable.
+pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
+    let mut found = vec![];
+    for p in paths {
+        if p.is_dir() {
+            let entries = std::fs::read_dir(p).map_err(|e| InputError::io(p, e))?;
+            let mut files: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| matches!(f.extension().and_then(|x| x.to_str()), Some("yaml" | "yml")))
+                .collect();
+            files.sort();
+            found.extend(files);
+        } else if p.is_file() {
+            found.push(p.clone());
+        } else {
+            return Err(InputError::plain(p, "no such scenario file or folder"));
+        }
+    }
+    Ok(found)
+}

@@ -1,0 +1,392 @@
+//! One attempt (one repeat) of a scenario: the IO shell around the coordinator's [`core`].
+//! It starts the ranks, runs the rendezvous listener, turns messages, child exits and the
+//! clock into the core's inputs, and carries out its actions (start, releases, faults, stack
+//! capture). Verdicts are not decided here but in `verdict`.
+
+pub mod core;
+
+use std::io::BufReader;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use nix::sys::signal::Signal;
+
+use self::core::{Action, Config, Core, Input, Outcome};
+use crate::hosts::placement::Placement;
+use crate::model::scenario::{Fault, FaultAction, StepSpec};
+use crate::orchestration::launcher::RankGroup;
+use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
+use crate::rank::steps::Step;
+
+/// How long ranks get to start and join the rendezvous.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the event loop checks deadlines and child exits when nothing arrives.
+const TICK: Duration = Duration::from_millis(20);
+
+/// What one repeat of a scenario produced.
+#[derive(Debug, Default)]
+pub struct Attempt {
+    pub reports: Vec<(u32, StepReport)>,
+    pub step_errors: Vec<(u32, usize, String)>,
+    /// Ranks that ended in a way the scenario did not plan for.
+    pub unexpected_exits: Vec<String>,
+    pub hang: Option<Hang>,
+    pub faults_struck: Vec<String>,
+    pub faults_missed: Vec<String>,
+    pub rejected_connections: u64,
+    pub interrupted: bool,
+    pub logs: Vec<PathBuf>,
+    pub setup_error: Option<String>,
+    /// Ranks a fault struck (directly or through their host): their own errors are excused.
+    pub faulted_ranks: Vec<u32>,
+    /// Processes of the run found alive on a host after it ended.
+    pub leftovers: Vec<String>,
+    /// From starting the ranks to sending every rank its start message.
+    pub rendezvous: Option<Duration>,
+    /// Stacks captured when the watchdog fired, until the hang is recorded.
+    stacks: Vec<(u32, u32, String)>,
+}
+
+#[derive(Debug)]
+pub struct Hang {
+    pub summary: String,
+    pub stacks: Vec<(u32, u32, String)>,
+}
+
+impl Attempt {
+    /// Take in what the core decided.
+    fn absorb(&mut self, o: Outcome) {
+        self.reports = o.reports;
+        self.step_errors = o.step_errors;
+        self.unexpected_exits = o.unexpected;
+        if let Some(summary) = o.hang {
+            self.hang = Some(Hang {
+                summary,
+                stacks: std::mem::take(&mut self.stacks),
+            });
+        }
+        self.faults_struck = o.faults_struck;
+        self.faults_missed = o.faults_missed;
+        self.faulted_ranks = o.faulted_ranks;
+        self.interrupted = o.interrupted;
+        self.rendezvous = o.rendezvous;
+        self.leftovers = o.leftovers;
+    }
+}
+
+enum Event {
+    Joined {
+        conn: u64,
+        rank: u32,
+        pid: u32,
+        writer: TcpStream,
+    },
+    Msg {
+        conn: u64,
+        rank: u32,
+        msg: RankMsg,
+    },
+    /// The rank's line closed: every message it sent has been delivered before this.
+    Gone {
+        conn: u64,
+        rank: u32,
+    },
+}
+
+pub struct Plan<'a> {
+    pub ranks: u32,
+    pub steps: &'a [Step],
+    pub faults: &'a [Fault],
+    pub deadline: Duration,
+    pub seed: u64,
+    pub log_dir: &'a Path,
+    pub interrupted: &'a AtomicBool,
+    pub placement: &'a Placement,
+}
+
+pub fn run(plan: &Plan) -> Attempt {
+    let mut attempt = Attempt::default();
+    if let Err(e) = run_inner(plan, &mut attempt) {
+        attempt.setup_error = Some(format!("{e:#}"));
+    }
+    attempt.logs = (0..plan.ranks)
+        .map(|r| plan.log_dir.join(format!("rank-{r}.log")))
+        .collect();
+    attempt
+}
+
+fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
+    let token = random_token()?;
+    let listener = Arc::new(
+        TcpListener::bind((plan.placement.rendezvous_ip(), 0)).context("binding the rendezvous")?,
+    );
+    let addr = listener.local_addr()?;
+    let (events_tx, events) = crossbeam_channel::unbounded();
+    let rejected = Arc::new(AtomicU64::new(0));
+    let acceptor = spawn_acceptor(
+        Arc::clone(&listener),
+        token.clone(),
+        events_tx,
+        Arc::clone(&rejected),
+    );
+    let mut group = RankGroup::start(plan.ranks, addr, &token, plan.log_dir, plan.placement)?;
+    let cfg = Config {
+        ranks: plan.ranks,
+        steps: plan
+            .steps
+            .iter()
+            .map(|s| (s.name(), s.deadline()))
+            .collect(),
+        faults: plan.faults.to_vec(),
+        deadline: plan.deadline,
+        join_timeout: JOIN_TIMEOUT,
+        pids: (!group.is_remote())
+            .then(|| (0..plan.ranks).map(|r| group.pid(r).unwrap_or(0)).collect()),
+        host_of: (0..plan.ranks).map(|r| plan.placement.host_of(r)).collect(),
+    };
+    let mut core = Core::new(cfg, Instant::now());
+    let result = drive(plan, &mut core, &mut group, &events, &token, attempt);
+    // Everything ends here, on every path: hosts healed (so they can be reached), ranks killed
+    // (stopped ones included), the hosts' process tables checked, then our threads.
+    let mut outcome = core.into_outcome();
+    if !outcome.faults_struck.is_empty() {
+        if let Some(c) = plan.placement.containers() {
+            if let Err(e) = c.heal() {
+                outcome.unexpected.push(format!(
+                    "could not heal the container hosts after the faults: {e:#}"
+                ));
+            }
+        }
+    }
+    group.kill_all();
+    outcome.leftovers.extend(group.remote_leftovers());
+    // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
+    unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
+    let _ = acceptor.join();
+    attempt.absorb(outcome);
+    attempt.rejected_connections = rejected.load(Ordering::Relaxed);
+    result
+}
+
+/// The IO shell: turn channel messages, child exits and the clock into the core's inputs,
+/// and carry out its actions.
+fn drive(
+    plan: &Plan,
+    core: &mut Core,
+    group: &mut RankGroup,
+    events: &Receiver<Event>,
+    token: &str,
+    attempt: &mut Attempt,
+) -> Result<()> {
+    let mut writers: Vec<Option<TcpStream>> = (0..plan.ranks).map(|_| None).collect();
+    // Only the admitted connection speaks for a rank; an impostor's lines are ignored.
+    let mut admitted: Vec<Option<u64>> = vec![None; plan.ranks as usize];
+    let mut pending: Option<(u64, TcpStream)> = None;
+    let speaks = |admitted: &[Option<u64>], rank: u32, conn: u64| {
+        admitted.get(rank as usize).copied().flatten() == Some(conn)
+    };
+    while !core.is_over() {
+        let mut inputs = vec![];
+        if plan.interrupted.load(Ordering::Relaxed) {
+            inputs.push(Input::Interrupted);
+        }
+        match events.recv_timeout(TICK) {
+            Ok(Event::Joined {
+                conn,
+                rank,
+                pid,
+                writer,
+            }) => {
+                pending = Some((conn, writer));
+                inputs.push(Input::Joined { rank, pid });
+            }
+            Ok(Event::Msg { conn, rank, msg }) if speaks(&admitted, rank, conn) => {
+                inputs.push(Input::Msg { rank, msg })
+            }
+            Ok(Event::Gone { conn, rank }) if speaks(&admitted, rank, conn) => {
+                inputs.push(Input::LineClosed { rank })
+            }
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("the rendezvous stopped"),
+        }
+        for rank in 0..plan.ranks {
+            if let Some(status) = group.try_wait(rank as usize) {
+                inputs.push(Input::Exited {
+                    rank,
+                    status: status.to_string(),
+                    clean: status.success(),
+                });
+            }
+        }
+        inputs.push(Input::Tick);
+        for input in inputs {
+            let mut queue: std::collections::VecDeque<Action> =
+                core.handle(Instant::now(), input).into();
+            while let Some(action) = queue.pop_front() {
+                match action {
+                    Action::Admit { rank, remote_pid } => {
+                        if let Some(pid) = remote_pid {
+                            group.set_remote_pid(rank, pid);
+                        }
+                        if let Some((conn, w)) = pending.take() {
+                            admitted[rank as usize] = Some(conn);
+                            writers[rank as usize] = Some(w);
+                        }
+                    }
+                    Action::Refuse { .. } => {
+                        if let Some((_, w)) = pending.take() {
+                            let _ = w.shutdown(std::net::Shutdown::Both);
+                        }
+                    }
+                    Action::Start { peers } => {
+                        for w in writers.iter_mut().flatten() {
+                            let start = CoordMsg::Start {
+                                steps: plan.steps.to_vec(),
+                                peers: peers.clone(),
+                                seed: plan.seed,
+                                token: token.to_string(),
+                            };
+                            write_line(w, &start)?;
+                        }
+                    }
+                    Action::Release { rank, name } => {
+                        if let Some(w) = writers[rank as usize].as_mut() {
+                            let _ = write_line(w, &CoordMsg::Release { name });
+                        }
+                    }
+                    Action::Strike {
+                        fault,
+                        rank,
+                        action,
+                    } => {
+                        let result = apply_fault(action, rank, group, plan.placement)
+                            .map_err(|e| format!("{e:#}"));
+                        let input = Input::FaultApplied { fault, result };
+                        queue.extend(core.handle(Instant::now(), input));
+                    }
+                    Action::Hang { summary: _, alive } => {
+                        attempt.stacks = alive
+                            .iter()
+                            .filter_map(|&r| group.stacks(r).map(|(pid, text)| (r, pid, text)))
+                            .collect();
+                    }
+                    Action::Finish => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Strike: a signal to the rank, or an action on its host (containers only).
+fn apply_fault(
+    action: FaultAction,
+    rank: u32,
+    group: &RankGroup,
+    placement: &Placement,
+) -> Result<()> {
+    let host = placement.host_of(rank);
+    let containers = || {
+        placement
+            .containers()
+            .context("host-level faults need the containers host profile")
+    };
+    match action {
+        FaultAction::Sigkill => group.signal(rank, Signal::SIGKILL),
+        FaultAction::Sigstop => group.signal(rank, Signal::SIGSTOP),
+        FaultAction::HostKill => containers()?.kill(host),
+        FaultAction::HostFreeze => containers()?.freeze(host),
+        FaultAction::LinkCut => containers()?.cut_link(host),
+        FaultAction::RateLimit => containers()?.rate_limit(host, "10mbit"),
+    }
+}
+
+fn spawn_acceptor(
+    listener: Arc<TcpListener>,
+    token: String,
+    events: Sender<Event>,
+    rejected: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut readers = vec![];
+        let mut conn = 0u64;
+        while let Ok((stream, _)) = listener.accept() {
+            conn += 1;
+            let (token, events, rejected) = (token.clone(), events.clone(), Arc::clone(&rejected));
+            readers.push(std::thread::spawn(move || {
+                serve_rank(conn, stream, &token, &events, &rejected)
+            }));
+        }
+        for r in readers {
+            let _ = r.join();
+        }
+    })
+}
+
+/// The first line must be a hello with this run's token; anything else is rejected and counted.
+fn serve_rank(
+    conn: u64,
+    stream: TcpStream,
+    token: &str,
+    events: &Sender<Event>,
+    rejected: &AtomicU64,
+) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let Ok(writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    let (rank, pid) = match read_line::<_, RankMsg>(&mut reader) {
+        Ok(Some(RankMsg::Hello {
+            rank,
+            token: t,
+            pid,
+        })) if t == token => (rank, pid),
+        _ => {
+            rejected.fetch_add(1, Ordering::Relaxed);
+            let _ = writer.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    };
+    // Authenticated ranks live until they exit (or are killed); no read deadline from here on,
+    // the watchdog owns the deadlines.
+    let _ = reader.get_ref().set_read_timeout(None);
+    if events
+        .send(Event::Joined {
+            conn,
+            rank,
+            pid,
+            writer,
+        })
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        match read_line::<_, RankMsg>(&mut reader) {
+            Ok(Some(msg)) => {
+                if events.send(Event::Msg { conn, rank, msg }).is_err() {
+                    return;
+                }
+            }
+            _ => {
+                let _ = events.send(Event::Gone { conn, rank });
+                return;
+            }
+        }
+    }
+}
+
+pub fn random_token() -> Result<String> {
+    let mut buf = [0u8; 16];
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}

@@ -1,0 +1,293 @@
+//! Launchers: where rank processes run and how every one of them is ended.
+//!
+//! - Local: `wringer rank` children in one process group per run, each tied to the
+//!   coordinator's life (PR_SET_PDEATHSIG).
+//! - SSH: a local `ssh` child per rank runs `wringer rank` on its host; the rank makes itself a
+//!   process-group leader there, reads the run token from stdin (never from the command line)
+//!   and exits when that stdin closes, so a dead coordinator or ssh leaves nothing behind. Every
+//!   rank is killed by remote process group at the end, and the host's process table is checked.
+
+use std::fs::File;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::hosts::placement::Placement;
+use crate::hosts::placement::RemoteHost;
+use crate::rank::protocol::TOKEN_ENV;
+
+struct RankProc {
+    /// The local process: the rank itself, or the `ssh` that carries it.
+    child: Child,
+    /// Kept open while the rank should live; a remote rank exits when it closes.
+    stdin: Option<ChildStdin>,
+    /// The rank's own PID on its host (reported in its hello); equals its process group.
+    remote_pid: Option<u32>,
+}
+
+pub struct RankGroup {
+    procs: Vec<RankProc>,
+    placement: Placement,
+    /// The local process group of every local child of this run (the first leads it).
+    pgid: i32,
+    rendezvous: SocketAddr,
+    killed: bool,
+}
+
+impl RankGroup {
+    /// Start `ranks` ranks, logs in `log_dir/rank-N.log`.
+    pub fn start(
+        ranks: u32,
+        rendezvous: SocketAddr,
+        token: &str,
+        log_dir: &Path,
+        placement: &Placement,
+    ) -> Result<RankGroup> {
+        std::fs::create_dir_all(log_dir)?;
+        let mut group = RankGroup {
+            procs: vec![],
+            placement: placement.clone(),
+            pgid: 0,
+            rendezvous,
+            killed: false,
+        };
+        for rank in 0..ranks {
+            let log = File::create(log_dir.join(format!("rank-{rank}.log")))?;
+            let (r, addr) = (rank.to_string(), rendezvous.to_string());
+            let mut cmd = match placement {
+                Placement::Local => {
+                    let mut c = Command::new(
+                        std::env::current_exe().context("locating the wringer binary")?,
+                    );
+                    c.args([
+                        "rank",
+                        "--rendezvous",
+                        &addr,
+                        "--rank",
+                        &r,
+                        "--bind",
+                        "127.0.0.1",
+                    ])
+                    .env(TOKEN_ENV, token)
+                    .stdin(Stdio::null());
+                    c
+                }
+                Placement::Remote { hosts, .. } => {
+                    let h = &hosts[placement.host_of(rank)];
+                    let mut c = h.target.command(&[
+                        &h.exe,
+                        "rank",
+                        "--rendezvous",
+                        &addr,
+                        "--rank",
+                        &r,
+                        "--bind",
+                        &h.data_addr,
+                        "--token-stdin",
+                    ]);
+                    c.stdin(Stdio::piped());
+                    c
+                }
+            };
+            cmd.stdout(log.try_clone()?)
+                .stderr(log)
+                .process_group(group.pgid);
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent; it asks
+            // the kernel to SIGKILL this child when the spawning thread (the coordinator's main
+            // thread) dies, so a killed coordinator cannot leave ranks (or their ssh) behind.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    group.kill_all();
+                    return Err(e).context("starting a rank");
+                }
+            };
+            if group.pgid == 0 {
+                group.pgid = child.id() as i32;
+            }
+            let mut stdin = child.stdin.take();
+            if let Some(s) = stdin.as_mut() {
+                writeln!(s, "{token}").context("handing the run token to ssh")?;
+            }
+            group.procs.push(RankProc {
+                child,
+                stdin,
+                remote_pid: None,
+            });
+        }
+        Ok(group)
+    }
+
+    pub fn is_remote(&self) -> bool {
+        matches!(self.placement, Placement::Remote { .. })
+    }
+
+    /// The local child's PID (the rank itself, or its ssh).
+    pub fn local_pid(&self, rank: u32) -> Option<u32> {
+        self.procs.get(rank as usize).map(|p| p.child.id())
+    }
+
+    /// The rank's PID where it runs.
+    pub fn pid(&self, rank: u32) -> Option<u32> {
+        let p = self.procs.get(rank as usize)?;
+        if self.is_remote() {
+            p.remote_pid
+        } else {
+            Some(p.child.id())
+        }
+    }
+
+    pub fn set_remote_pid(&mut self, rank: u32, pid: u32) {
+        if let Some(p) = self.procs.get_mut(rank as usize) {
+            p.remote_pid = Some(pid);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    pub fn try_wait(&mut self, rank: usize) -> Option<std::process::ExitStatus> {
+        self.procs
+            .get_mut(rank)
+            .and_then(|p| p.child.try_wait().ok().flatten())
+    }
+
+    fn target(&self, rank: u32) -> Option<&RemoteHost> {
+        match &self.placement {
+            Placement::Remote { hosts, .. } => hosts.get(self.placement.host_of(rank)),
+            Placement::Local => None,
+        }
+    }
+
+    /// Send `signal` to one rank, wherever it runs.
+    pub fn signal(&self, rank: u32, signal: Signal) -> Result<()> {
+        let pid = self
+            .pid(rank)
+            .context("the rank has not reported its PID")?;
+        match self.target(rank) {
+            None => kill(Pid::from_raw(pid as i32), signal).context("signalling the rank"),
+            Some(h) => {
+                let sig = format!("-{}", signal.as_str().trim_start_matches("SIG"));
+                h.target
+                    .check(&["kill", &sig, &pid.to_string()], Duration::from_secs(10))
+                    .map(|_| ())
+            }
+        }
+    }
+
+    /// Kernel and user stacks of every thread of `rank`, wherever it runs.
+    pub fn stacks(&self, rank: u32) -> Option<(u32, String)> {
+        let pid = self.pid(rank)?;
+        match self.target(rank) {
+            None => Some((
+                pid,
+                crate::hosts::procfs::capture_stacks(pid, Duration::from_secs(20)),
+            )),
+            Some(h) => {
+                let script = "for t in /proc/$1/task/*; do echo \"--- thread ${t##*/} ($(cat $t/comm)) wchan=$(cat $t/wchan) syscall=$(cut -d' ' -f1 $t/syscall)\"; cat $t/stack; done; \
+                              command -v gdb >/dev/null && { echo '--- gdb: thread apply all bt'; timeout 20 gdb -batch -nx -p $1 -ex 'thread apply all bt' 2>/dev/null; }; true";
+                let text = h
+                    .target
+                    .check(
+                        &["sh", "-c", script, "sh", &pid.to_string()],
+                        Duration::from_secs(40),
+                    )
+                    .unwrap_or_else(|e| format!("(stacks unavailable: {e:#})"));
+                Some((pid, format!("host {}\n{text}", h.target.name)))
+            }
+        }
+    }
+
+    /// End every rank: remote process groups first (over SSH, bounded), then every local child.
+    pub fn kill_all(&mut self) {
+        if std::mem::replace(&mut self.killed, true) {
+            return;
+        }
+        if let Placement::Remote { hosts, .. } = &self.placement {
+            for (i, h) in hosts.iter().enumerate() {
+                let groups: Vec<String> = self
+                    .procs
+                    .iter()
+                    .enumerate()
+                    .filter(|(r, _)| self.placement.host_of(*r as u32) == i)
+                    .filter_map(|(_, p)| p.remote_pid.map(|pid| format!("-{pid}")))
+                    .collect();
+                if !groups.is_empty() {
+                    let mut args = vec!["kill", "-KILL", "--"];
+                    args.extend(groups.iter().map(String::as_str));
+                    let _ = h.target.run(&args, None, Duration::from_secs(10));
+                }
+            }
+        }
+        for p in &mut self.procs {
+            p.stdin.take();
+        }
+        if self.pgid > 0 {
+            let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGKILL);
+            let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGCONT);
+        }
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+
+    /// Processes of this run still alive on any remote host (there must be none).
+    pub fn remote_leftovers(&self) -> Vec<String> {
+        let Placement::Remote { hosts, .. } = &self.placement else {
+            return vec![];
+        };
+        let needle = format!("--rendezvous {}", self.rendezvous);
+        let mut left = vec![];
+        for h in hosts {
+            match h
+                .target
+                .check(&["ps", "-eo", "pid,stat,args"], Duration::from_secs(15))
+            {
+                Ok(table) => left.extend(
+                    table
+                        .lines()
+                        .filter(|l| l.contains(&needle))
+                        // A zombie is already dead; its parent (sshd) reaps it.
+                        .filter(|l| {
+                            l.split_whitespace()
+                                .nth(1)
+                                .is_some_and(|s| !s.starts_with('Z'))
+                        })
+                        .map(|l| format!("{}: {}", h.target.name, l.trim())),
+                ),
+                Err(e) => left.push(format!(
+                    "{}: could not list processes: {e:#}",
+                    h.target.name
+                )),
+            }
+        }
+        left
+    }
+}
+
+impl Drop for RankGroup {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}

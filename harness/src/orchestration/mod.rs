@@ -1,0 +1,9 @@
+//! Layer 4, orchestration: the runner, the coordinator (a core without IO and the shell that
+//! does its IO), the launcher, the one skip/fail policy, and verdicts.
+
+pub mod coordinator;
+pub mod events;
+pub mod launcher;
+pub mod policy;
+pub mod runner;
+pub mod verdict;

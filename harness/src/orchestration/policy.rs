@@ -1,0 +1,114 @@
+//! The one skip/fail policy: whether a scenario runs, is skipped (with a typed reason) or
+//! fails before it starts. Every host-profile kind goes through here: local, containers, SSH
+//! pairs and the soft-RoCE VMs (whose "no VM here" reason is a skip like any other).
+
+use std::path::Path;
+
+use crate::hosts::probe::HostFacts;
+use crate::hosts::profile::HostProfile;
+use crate::model::requirement::{Requirement, SkipReason};
+use crate::model::result::{Evidence, ScenarioResult, Verdict};
+use crate::model::scenario::{Fault, Scenario};
+
+/// What happens to a scenario before any rank starts.
+#[derive(Debug, PartialEq)]
+pub enum Decision {
+    Run,
+    Skip(String),
+    /// A skip that must not be one (`must_have`, `--strict`).
+    Fail(String),
+}
+
+impl Decision {
+    /// The result a scenario gets when it does not run; `None` for [`Decision::Run`].
+    pub fn result(&self, name: &str, file: &Path) -> Option<ScenarioResult> {
+        let (verdict, reason) = match self {
+            Decision::Run => return None,
+            Decision::Skip(r) => (Verdict::Skip, r),
+            Decision::Fail(r) => (Verdict::Fail, r),
+        };
+        Some(not_run(name, file, verdict, reason.clone()))
+    }
+}
+
+/// A result for a scenario that did not run (skipped, or failed before it started).
+pub fn not_run(name: &str, file: &Path, verdict: Verdict, reason: String) -> ScenarioResult {
+    ScenarioResult {
+        name: name.to_string(),
+        file: file.to_owned(),
+        verdict,
+        reason: Some(reason),
+        duration_s: 0.0,
+        repeats: 0,
+        repeats_failed: 0,
+        metrics: Default::default(),
+        latency: Default::default(),
+        evidence: Evidence::default(),
+    }
+}
+
+/// The policy's inputs that do not change within a run.
+pub struct Policy<'a> {
+    pub profile: &'a HostProfile,
+    pub facts: &'a [HostFacts],
+    pub strict: bool,
+    /// Whether the hosts can be killed, frozen or cut off (the containers profile).
+    pub host_control: bool,
+}
+
+impl Policy<'_> {
+    /// Decide one scenario: every host must meet every requirement; host-level faults need
+    /// hosts the harness controls.
+    pub fn decide<S>(&self, s: &Scenario<S>) -> Decision {
+        for req in &s.requires {
+            let unmet = self.facts.iter().find_map(|f| {
+                f.check(*req, self.profile)
+                    .err()
+                    .map(|r| (f.host.clone(), r))
+            });
+            if let Some((host, mut reason)) = unmet {
+                if self.facts.len() > 1 {
+                    reason.detail = format!("on {host}: {}", reason.detail);
+                }
+                return self.unmet(reason, &[*req]);
+            }
+        }
+        if !self.host_control {
+            if let Some(f) = s
+                .faults
+                .iter()
+                .map(|f| &f.value)
+                .find(|f| f.action.is_host_level())
+            {
+                return self.unmet(no_host_control(f, self.profile), &[]);
+            }
+        }
+        Decision::Run
+    }
+
+    /// A reason the scenario cannot run here: a skip, unless `--strict` or the profile's
+    /// `must_have` (for any of `requires`) says this hardware must be there.
+    pub fn unmet(&self, reason: SkipReason, requires: &[Requirement]) -> Decision {
+        let must = requires.iter().any(|r| self.profile.must_have.contains(r));
+        if self.strict || must {
+            let why = if self.strict {
+                "--strict"
+            } else {
+                "the host profile's must_have"
+            };
+            Decision::Fail(format!("{reason} (a skip turned into a failure by {why})"))
+        } else {
+            Decision::Skip(reason.to_string())
+        }
+    }
+}
+
+fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
+    SkipReason {
+        code: "no-host-control",
+        detail: format!(
+            "the {:?} fault acts on a whole host, which only the containers profile can do (`{}` is {:?})",
+            f.action, profile.name, profile.kind
+        ),
+    }
+}

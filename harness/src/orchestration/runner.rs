@@ -1,0 +1,402 @@
+//! `wringer run`: every scenario in turn, decided by the policy (run, skip or fail), run with
+//! its repeats, judged, and announced to the reporters as events.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Result;
+use hdrhistogram::Histogram;
+
+use super::coordinator::{self, Plan};
+use super::events::{Counts, Reporter, RunEvent, RunMeta};
+use super::policy::{self, Policy};
+use crate::hosts::placement::Placement;
+use crate::hosts::profile::{HostProfile, ProfileKind};
+use crate::hosts::vm;
+use crate::model::metric::{Metric, SampleKey};
+use crate::model::requirement::SkipReason;
+use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
+use crate::rank::steps::Loaded;
+
+pub struct RunOptions {
+    pub report_dir: Option<PathBuf>,
+    pub filter: Option<String>,
+    pub repeat: Option<u32>,
+    pub seed: Option<u64>,
+    pub strict: bool,
+}
+
+/// Run the scenarios; returns the process exit code (0 pass/skip, 1 any failure).
+pub fn run(
+    scenarios: Vec<Loaded>,
+    profile: &HostProfile,
+    opts: &RunOptions,
+    reporters: &mut [&mut dyn Reporter],
+) -> Result<i32> {
+    let started = Instant::now();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let run_id = format!("{}-{}", now.as_secs(), &coordinator::random_token()?[..6]);
+    let seed = opts.seed.unwrap_or(now.as_nanos() as u64);
+    let dir = opts
+        .report_dir
+        .clone()
+        .unwrap_or_else(|| Path::new("reports").join(&run_id));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupted))?;
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&interrupted))?;
+    let selected: Vec<&Loaded> = scenarios
+        .iter()
+        .filter(|s| {
+            opts.filter
+                .as_deref()
+                .is_none_or(|f| s.scenario.name.contains(f))
+        })
+        .collect();
+    // Hosts come up once per run (containers started, the binary deployed over SSH), and are
+    // probed where they are.
+    let placement = if selected.is_empty() {
+        Placement::Local
+    } else {
+        crate::hosts::placement::prepare(profile, &run_id)?
+    };
+    let facts = crate::hosts::placement::facts(&placement)?;
+    let meta = RunMeta::new(
+        run_id,
+        profile.name.clone(),
+        seed,
+        facts.clone(),
+        now.as_secs(),
+    );
+    let mut out = Stream {
+        reporters,
+        counts: Counts::default(),
+        started,
+    };
+    out.emit(RunEvent::Started {
+        meta: &meta,
+        dir: &dir,
+        scenarios: selected.len(),
+    })?;
+    let policy = Policy {
+        profile,
+        facts: &facts,
+        strict: opts.strict,
+        host_control: placement.containers().is_some(),
+    };
+    if matches!(profile.kind, ProfileKind::RxeVm | ProfileKind::RxeVmPair) {
+        // The whole run happens inside the VM; its results are recorded here as they are.
+        let results = in_vm(&selected, profile, &policy, opts, seed, &dir, &interrupted);
+        for (i, result) in results.into_iter().enumerate() {
+            out.finished(i, result)?;
+        }
+    } else {
+        let cx = RunContext {
+            placement: &placement,
+            opts,
+            seed,
+            dir: &dir,
+            interrupted: &interrupted,
+        };
+        for (i, loaded) in selected.iter().enumerate() {
+            if interrupted.load(Ordering::Relaxed) {
+                break;
+            }
+            let s = &loaded.scenario;
+            let result = match policy.decide(s).result(&s.name, &loaded.path) {
+                Some(not_run) => not_run,
+                None => {
+                    out.emit(RunEvent::ScenarioStarted {
+                        index: i,
+                        name: &s.name,
+                    })?;
+                    run_scenario(loaded, &cx)
+                }
+            };
+            out.finished(i, result)?;
+        }
+    }
+    let was_interrupted = interrupted.load(Ordering::Relaxed);
+    let counts = out.counts;
+    out.emit(RunEvent::Finished {
+        counts,
+        interrupted: was_interrupted,
+        elapsed: started.elapsed(),
+    })?;
+    Ok(if counts.fail > 0 || was_interrupted {
+        1
+    } else {
+        0
+    })
+}
+
+/// The reporters and the running counts.
+struct Stream<'r, 'a> {
+    reporters: &'r mut [&'a mut dyn Reporter],
+    counts: Counts,
+    started: Instant,
+}
+
+impl Stream<'_, '_> {
+    fn emit(&mut self, e: RunEvent) -> Result<()> {
+        for r in self.reporters.iter_mut() {
+            r.on_event(&e)?;
+        }
+        Ok(())
+    }
+
+    fn finished(&mut self, index: usize, result: ScenarioResult) -> Result<()> {
+        self.counts.add(result.verdict);
+        let elapsed = self.started.elapsed();
+        self.emit(RunEvent::ScenarioFinished {
+            index,
+            result: &result,
+            elapsed,
+        })
+    }
+}
+
+/// Run the selected scenarios inside the profile's VM(s). Scenarios the VM never reported
+/// fail with the reason; a VM that cannot run here at all is a typed skip under the policy.
+fn in_vm(
+    selected: &[&Loaded],
+    profile: &HostProfile,
+    policy: &Policy,
+    opts: &RunOptions,
+    seed: u64,
+    dir: &Path,
+    interrupted: &AtomicBool,
+) -> Vec<ScenarioResult> {
+    let files: Vec<PathBuf> = selected.iter().map(|l| l.path.clone()).collect();
+    let budget = selected
+        .iter()
+        .map(|l| l.scenario.deadline.0 * opts.repeat.unwrap_or(l.scenario.repeat))
+        .sum::<Duration>();
+    let req = vm::VmRun {
+        files: &files,
+        repeat: opts.repeat,
+        strict: opts.strict,
+        seed,
+        dir,
+        budget,
+    };
+    match vm::run(profile, &req, interrupted) {
+        Ok(mut outcome) => {
+            for l in selected {
+                if !outcome.results.iter().any(|r| r.name == l.scenario.name) {
+                    let why = outcome.ended.unwrap_or(
+                        "the VM ended before reporting it (boot or RDMA set-up failed?)",
+                    );
+                    outcome.results.push(policy::not_run(
+                        &l.scenario.name,
+                        &l.path,
+                        Verdict::Fail,
+                        format!("{why}; VM consoles in {}", outcome.inner.display()),
+                    ));
+                }
+            }
+            outcome.results
+        }
+        Err(why) => selected
+            .iter()
+            .map(|l| {
+                let reason = SkipReason {
+                    code: "no-vm",
+                    detail: why.trim_start_matches("no-vm: ").to_string(),
+                };
+                let s = &l.scenario;
+                policy
+                    .unmet(reason, &s.requires)
+                    .result(&s.name, &l.path)
+                    .unwrap_or_else(|| unreachable_run(&s.name, &l.path))
+            })
+            .collect(),
+    }
+}
+
+/// `unmet` never decides to run; should it ever, the scenario fails rather than vanish.
+fn unreachable_run(name: &str, file: &Path) -> ScenarioResult {
+    policy::not_run(
+        name,
+        file,
+        Verdict::Fail,
+        "the policy ran a scenario it could not run".into(),
+    )
+}
+
+/// What every scenario of one run shares.
+struct RunContext<'a> {
+    placement: &'a Placement,
+    opts: &'a RunOptions,
+    seed: u64,
+    dir: &'a Path,
+    interrupted: &'a AtomicBool,
+}
+
+/// Everything the repeats of one scenario observed, before it is summarised.
+#[derive(Default)]
+struct Observed {
+    metrics: BTreeMap<Metric, Vec<f64>>,
+    samples: BTreeMap<SampleKey, Vec<f64>>,
+}
+
+fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
+    let s = &loaded.scenario;
+    let started = Instant::now();
+    let mut result = policy::not_run(&s.name, &loaded.path, Verdict::Pass, String::new());
+    result.reason = None;
+    let steps = loaded.steps();
+    let faults = loaded.faults();
+    let repeats = cx.opts.repeat.unwrap_or(s.repeat);
+    let mut seen = Observed::default();
+    for repeat in 0..repeats {
+        if cx.interrupted.load(Ordering::Relaxed) {
+            result
+                .evidence
+                .failures
+                .push("interrupted before every repeat ran".into());
+            result.repeats_failed += 1;
+            break;
+        }
+        let log_dir = cx
+            .dir
+            .join("logs")
+            .join(&s.name)
+            .join(format!("repeat-{repeat}"));
+        let plan = Plan {
+            ranks: loaded.ranks(),
+            steps: &steps,
+            faults: &faults,
+            deadline: s.deadline.0,
+            seed: cx.seed.wrapping_add(repeat as u64),
+            log_dir: &log_dir,
+            interrupted: cx.interrupted,
+            placement: cx.placement,
+        };
+        let attempt = coordinator::run(&plan);
+        let failures = super::verdict::judge(&attempt, &s.expect);
+        result.repeats += 1;
+        for (_, r) in &attempt.reports {
+            for (k, v) in &r.metrics {
+                seen.metrics.entry(*k).or_default().push(*v);
+            }
+            for (k, v) in &r.samples {
+                seen.samples.entry(*k).or_default().extend(v);
+            }
+            if repeat == 0 || !failures.is_empty() {
+                result
+                    .evidence
+                    .notes
+                    .extend(r.notes.iter().map(|n| format!("repeat {repeat}: {n}")));
+            }
+        }
+        result.evidence.faults.extend(
+            attempt
+                .faults_struck
+                .iter()
+                .map(|f| format!("repeat {repeat}: {f}")),
+        );
+        result.evidence.rejected_rendezvous_connections += attempt.rejected_connections;
+        if !failures.is_empty() {
+            result.repeats_failed += 1;
+            result
+                .evidence
+                .failures
+                .extend(failures.iter().map(|f| format!("repeat {repeat}: {f}")));
+            result
+                .evidence
+                .rank_logs
+                .extend(attempt.logs.iter().cloned());
+            if let Some(h) = attempt.hang {
+                result
+                    .evidence
+                    .stacks
+                    .extend(h.stacks.into_iter().map(|(rank, pid, text)| Stacks {
+                        repeat,
+                        rank,
+                        pid,
+                        text,
+                    }));
+            }
+        } else if repeat == 0 {
+            result
+                .evidence
+                .rank_logs
+                .extend(attempt.logs.iter().cloned());
+        }
+        // A hang or interruption ends the scenario: further repeats would only repeat it.
+        if !result.evidence.stacks.is_empty() || attempt.interrupted {
+            break;
+        }
+    }
+    summarise(&mut result, seen);
+    if result.repeats_failed > 0 {
+        result.verdict = Verdict::Fail;
+        let first = result
+            .evidence
+            .failures
+            .first()
+            .cloned()
+            .unwrap_or_default();
+        result.reason = Some(if result.repeats > 1 {
+            format!(
+                "{} of {} repeats failed; first: {first}",
+                result.repeats_failed, result.repeats
+            )
+        } else {
+            first
+        });
+    }
+    result.duration_s = started.elapsed().as_secs_f64();
+    result
+}
+
+/// Metric summaries and latency percentiles, per metric and per series and size.
+fn summarise(result: &mut ScenarioResult, seen: Observed) {
+    for (k, v) in seen.metrics {
+        let count = v.len();
+        let (min, max) = v
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| {
+                (a.min(*x), b.max(*x))
+            });
+        result.metrics.insert(
+            k,
+            MetricSummary {
+                min,
+                max,
+                mean: v.iter().sum::<f64>() / count as f64,
+                count,
+            },
+        );
+    }
+    for (k, v) in seen.samples {
+        result.latency.insert(k, latency(&v));
+    }
+}
+
+/// Percentiles and a log-bucket histogram of latency samples (µs).
+pub fn latency(samples: &[f64]) -> Latency {
+    let mut h = Histogram::<u64>::new(3).expect("3 significant digits is valid");
+    for x in samples {
+        let _ = h.record((x * 1000.0).max(1.0) as u64);
+    }
+    Latency {
+        p50_us: h.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: h.value_at_quantile(0.99) as f64 / 1e3,
+        count: h.len(),
+        histogram: h
+            .iter_log(1000, 2.0)
+            .map(|b| {
+                (
+                    b.value_iterated_to() as f64 / 1e3,
+                    b.count_since_last_iteration(),
+                )
+            })
+            .collect(),
+    }
+}

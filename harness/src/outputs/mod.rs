@@ -1,0 +1,7 @@
+//! Layer 5, outputs: the reporters fed by the runner's events (progress, JSONL, JSON, JUnit,
+//! Markdown), the HTML site, and the bench.
+
+pub mod bench;
+pub mod progress;
+pub mod report;
+pub mod site;

@@ -1,0 +1,254 @@
+//! Reports, written as results arrive so a crash still leaves a readable partial report:
+//! results.jsonl (streamed), results.json (canonical), junit.xml and summary.md.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+use serde::Serialize;
+
+use crate::model::metric::{Metric, SampleKey, Series};
+use crate::model::result::{ScenarioResult, Verdict};
+use crate::orchestration::events::{Reporter, RunEvent};
+
+#[derive(Serialize)]
+struct Document<'a> {
+    #[serde(flatten)]
+    meta: &'a serde_json::Value,
+    complete: bool,
+    interrupted: bool,
+    duration_s: f64,
+    counts: BTreeMap<&'static str, usize>,
+    scenarios: &'a [ScenarioResult],
+}
+
+/// The report folder's files, kept current as results arrive.
+struct Open {
+    dir: PathBuf,
+    meta_json: serde_json::Value,
+    run_id: String,
+    host_profile: String,
+    jsonl: File,
+}
+
+/// Writes `reports/<run-id>/`: results.jsonl (one line per scenario, appended as it ends),
+/// results.json, junit.xml and summary.md (rewritten after each scenario).
+#[derive(Default)]
+pub struct ReportWriter {
+    open: Option<Open>,
+    results: Vec<ScenarioResult>,
+}
+
+impl Reporter for ReportWriter {
+    fn on_event(&mut self, event: &RunEvent) -> Result<()> {
+        match event {
+            RunEvent::Started { meta, dir, .. } => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating the report folder {}", dir.display()))?;
+                let jsonl = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join("results.jsonl"))?;
+                self.open = Some(Open {
+                    dir: dir.to_path_buf(),
+                    meta_json: serde_json::to_value(meta)?,
+                    run_id: meta.run_id.clone(),
+                    host_profile: meta.host_profile.clone(),
+                    jsonl,
+                });
+                self.write_all(false, false, Duration::ZERO)
+            }
+            RunEvent::ScenarioStarted { .. } => Ok(()),
+            RunEvent::ScenarioFinished {
+                result, elapsed, ..
+            } => {
+                let open = self
+                    .open
+                    .as_mut()
+                    .context("a result before the run started")?;
+                let mut line = serde_json::to_vec(result)?;
+                line.push(b'\n');
+                open.jsonl.write_all(&line)?;
+                open.jsonl.flush()?;
+                // The result is owned by the runner; keep our own copy for the whole files.
+                self.results.push(serde_json::from_slice(&line)?);
+                self.write_all(false, false, *elapsed)
+            }
+            RunEvent::Finished {
+                interrupted,
+                elapsed,
+                ..
+            } => self.write_all(!interrupted, *interrupted, *elapsed),
+        }
+    }
+}
+
+impl ReportWriter {
+    fn write_all(&self, complete: bool, interrupted: bool, elapsed: Duration) -> Result<()> {
+        let Some(open) = &self.open else {
+            return Ok(());
+        };
+        let mut counts = BTreeMap::new();
+        for v in [Verdict::Pass, Verdict::Fail, Verdict::Skip] {
+            let key = match v {
+                Verdict::Pass => "pass",
+                Verdict::Fail => "fail",
+                Verdict::Skip => "skip",
+            };
+            counts.insert(key, self.results.iter().filter(|r| r.verdict == v).count());
+        }
+        let doc = Document {
+            meta: &open.meta_json,
+            complete,
+            interrupted,
+            duration_s: elapsed.as_secs_f64(),
+            counts,
+            scenarios: &self.results,
+        };
+        write_atomically(
+            &open.dir.join("results.json"),
+            &serde_json::to_vec_pretty(&doc)?,
+        )?;
+        write_atomically(
+            &open.dir.join("junit.xml"),
+            self.junit(&open.host_profile)?.as_bytes(),
+        )?;
+        write_atomically(
+            &open.dir.join("summary.md"),
+            self.summary(&open.run_id, &open.host_profile, complete, interrupted)
+                .as_bytes(),
+        )?;
+        Ok(())
+    }
+
+    fn junit(&self, host_profile: &str) -> Result<String> {
+        let mut suite = TestSuite::new(format!("wringer ({host_profile})"));
+        for r in &self.results {
+            let status = match r.verdict {
+                Verdict::Pass => TestCaseStatus::success(),
+                Verdict::Skip => {
+                    let mut s = TestCaseStatus::skipped();
+                    s.set_message(r.reason.clone().unwrap_or_default());
+                    s
+                }
+                Verdict::Fail => {
+                    let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                    s.set_message(r.reason.clone().unwrap_or_default());
+                    s.set_description(evidence_summary(r));
+                    s
+                }
+            };
+            let mut case = TestCase::new(r.name.clone(), status);
+            case.set_classname(r.file.display().to_string());
+            case.set_time(Duration::from_secs_f64(r.duration_s));
+            suite.add_test_case(case);
+        }
+        let mut report = Report::new("wringer");
+        report.add_test_suite(suite);
+        Ok(report.to_string()?)
+    }
+
+    fn summary(
+        &self,
+        run_id: &str,
+        host_profile: &str,
+        complete: bool,
+        interrupted: bool,
+    ) -> String {
+        let mut s = format!("## wringer run `{run_id}` ({host_profile})\n\n");
+        if interrupted {
+            s.push_str("**Interrupted**: this report is partial.\n\n");
+        } else if !complete {
+            s.push_str("_In progress: this report is partial._\n\n");
+        }
+        s.push_str("| scenario | verdict | time | details |\n|---|---|---|---|\n");
+        for r in &self.results {
+            let verdict = match r.verdict {
+                Verdict::Pass => "✅ pass",
+                Verdict::Fail => "❌ fail",
+                Verdict::Skip => "⏭️ skip",
+            };
+            let mut details = r.reason.clone().unwrap_or_default();
+            if details.is_empty() {
+                details = headline_metrics(r);
+            }
+            s.push_str(&format!(
+                "| {} | {verdict} | {:.1} s | {} |\n",
+                r.name,
+                r.duration_s,
+                details.replace('|', "\\|").replace('\n', " ")
+            ));
+        }
+        let (p, f, k) = count(&self.results);
+        s.push_str(&format!("\n{p} passed, {f} failed, {k} skipped.\n"));
+        s
+    }
+}
+
+fn count(rs: &[ScenarioResult]) -> (usize, usize, usize) {
+    let c = |v| rs.iter().filter(|r| r.verdict == v).count();
+    (c(Verdict::Pass), c(Verdict::Fail), c(Verdict::Skip))
+}
+
+/// A few numbers that say what a passing scenario measured.
+fn headline_metrics(r: &ScenarioResult) -> String {
+    let mut parts: Vec<String> = r
+        .latency
+        .iter()
+        .filter(|(k, _)| {
+            k.series == Series::Latency && matches!(k.size, 8 | 4096 | 1048576 | 4194304)
+        })
+        .map(|(k, l): (&SampleKey, _)| {
+            format!("{} B p50/p99 {:.0}/{:.0} µs", k.size, l.p50_us, l.p99_us)
+        })
+        .collect();
+    for key in [
+        Metric::Cycles,
+        Metric::ShutdownP99Ms,
+        Metric::DetectMs,
+        Metric::FramesIntact,
+        Metric::EofCases,
+        Metric::GpuBandwidthGbps,
+        Metric::GpuDmabuf,
+    ] {
+        if let Some(m) = r.metrics.get(&key) {
+            parts.push(format!(
+                "{key} {}",
+                if m.max >= 100.0 {
+                    format!("{:.0}", m.max)
+                } else {
+                    format!("{:.2}", m.max)
+                }
+            ));
+        }
+    }
+    if r.repeats > 1 {
+        parts.push(format!("{} repeats", r.repeats));
+    }
+    parts.join(", ")
+}
+
+fn evidence_summary(r: &ScenarioResult) -> String {
+    let mut s = r.evidence.failures.join("\n");
+    for st in &r.evidence.stacks {
+        s.push_str(&format!(
+            "\n--- stacks of rank {} (pid {}), repeat {}\n{}",
+            st.rank, st.pid, st.repeat, st.text
+        ));
+    }
+    for log in &r.evidence.rank_logs {
+        s.push_str(&format!("\nrank log: {}", log.display()));
+    }
+    s
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}

@@ -1,0 +1,7 @@
+//! Layer 3, the rank side: the worker a rank process runs, the protocol it speaks with the
+//! coordinator, what a step sees of its rank, and the step kinds.
+
+pub mod context;
+pub mod protocol;
+pub mod steps;
+pub mod worker;

@@ -1,0 +1,192 @@
+//! The rendezvous protocol between the coordinator and its ranks: JSON lines over TCP on
+//! loopback. A rank proves it belongs to the run with the per-run token in its first line.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::steps::Step;
+use crate::model::metric::{Metric, SampleKey, Series};
+
+/// Environment variable that carries the run token to ranks (never on the command line, where
+/// every user of the machine could read it).
+pub const TOKEN_ENV: &str = "WRINGER_RUN_TOKEN";
+
+/// Where a rank can be reached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerAddrs {
+    /// The transport `Listener` (lazy connects with hello and token).
+    pub transport: SocketAddr,
+    /// A plain TCP listener for adversarial raw peers.
+    pub raw: SocketAddr,
+    /// The address of this rank's first active RoCE interface, when it has one.
+    #[serde(default)]
+    pub rdma: Option<std::net::IpAddr>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum RankMsg {
+    Hello {
+        rank: u32,
+        token: String,
+        pid: u32,
+    },
+    Ready {
+        addrs: PeerAddrs,
+    },
+    StepStart {
+        step: usize,
+    },
+    /// The rank reached a named point; faults strike here.
+    Point {
+        step: usize,
+        name: String,
+    },
+    /// Wait until `parties` ranks have reached `name`.
+    Barrier {
+        name: String,
+        parties: u32,
+    },
+    StepResult(StepReport),
+    StepError {
+        step: usize,
+        error: String,
+    },
+    /// The rank is about to exit on purpose (part of the scenario).
+    ExitingByDesign {
+        step: usize,
+        reason: String,
+    },
+    Done,
+}
+
+/// A rank's evidence from one step: typed metrics, latency samples by series and size, notes.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct StepReport {
+    pub step: usize,
+    pub metrics: BTreeMap<Metric, f64>,
+    /// Raw latency samples (µs) for the coordinator's histograms.
+    #[serde(default)]
+    pub samples: BTreeMap<SampleKey, Vec<f64>>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl StepReport {
+    pub fn new(step: usize) -> StepReport {
+        StepReport {
+            step,
+            ..StepReport::default()
+        }
+    }
+
+    /// Add latency samples (µs) of `series` at message size `size`.
+    pub fn sample(&mut self, series: Series, size: u64, values: Vec<f64>) {
+        let key = SampleKey { series, size };
+        self.samples.entry(key).or_default().extend(values);
+    }
+
+    /// Every metric and series recorded must be one the step kind declared: evidence nobody
+    /// declared would reach no expectation and no page, silently.
+    pub fn check_declared(&self, metrics: &[Metric], series: &[Series]) -> Result<(), String> {
+        let stray: Vec<String> = self
+            .metrics
+            .keys()
+            .filter(|m| !metrics.contains(m))
+            .map(|m| m.to_string())
+            .chain(
+                self.samples
+                    .keys()
+                    .filter(|k| !series.contains(&k.series))
+                    .map(|k| format!("samples {k}")),
+            )
+            .collect();
+        if stray.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the step recorded evidence its kind does not declare: {}",
+                stray.join(", ")
+            ))
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum CoordMsg {
+    Start {
+        steps: Vec<Step>,
+        peers: Vec<PeerAddrs>,
+        seed: u64,
+        token: String,
+    },
+    Release {
+        name: String,
+    },
+}
+
+pub fn write_line<W: Write, T: Serialize>(w: &mut W, msg: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    w.write_all(&line)?;
+    w.flush()
+}
+
+/// Read one message; `Ok(None)` at EOF.
+pub fn read_line<R: BufRead, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+) -> std::io::Result<Option<T>> {
+    let mut line = String::new();
+    // Lines are small; cap them so a confused peer cannot grow this without bound.
+    let n = std::io::Read::take(&mut *r, 16 << 20).read_line(&mut line)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    serde_json::from_str(&line)
+        .map(Some)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evidence_a_step_did_not_declare_is_refused() {
+        let mut r = StepReport::new(0);
+        r.metrics.insert(Metric::Cycles, 1.0);
+        r.sample(Series::Latency, 64, vec![1.0]);
+        assert!(r
+            .check_declared(&[Metric::Cycles], &[Series::Latency])
+            .is_ok());
+        let err = r
+            .check_declared(&[Metric::Ebadf], &[Series::Latency])
+            .unwrap_err();
+        assert!(err.contains("cycles"), "{err}");
+        let err = r.check_declared(&[Metric::Cycles], &[]).unwrap_err();
+        assert!(err.contains("samples latency/64"), "{err}");
+    }
+
+    #[test]
+    fn a_step_report_crosses_the_wire_typed() {
+        let mut r = StepReport::new(3);
+        r.metrics.insert(Metric::DetectMs, 2.5);
+        r.sample(Series::WriteLatency, 4096, vec![1.0, 2.0]);
+        let mut line = vec![];
+        write_line(&mut line, &RankMsg::StepResult(r)).unwrap();
+        let back: RankMsg = read_line(&mut &line[..]).unwrap().unwrap();
+        let RankMsg::StepResult(back) = back else {
+            panic!("not a step result: {back:?}")
+        };
+        assert_eq!(back.metrics.get(&Metric::DetectMs), Some(&2.5));
+        let key = SampleKey {
+            series: Series::WriteLatency,
+            size: 4096,
+        };
+        assert_eq!(back.samples.get(&key), Some(&vec![1.0, 2.0]));
+    }
+}

@@ -1,0 +1,110 @@
+//! eof-truncation: rank 1 (an adversarial raw peer) ends streams cleanly, inside a header, inside a payload, with garbage, or not at all (rank 0 shuts down locally); rank 0 must tell the four outcomes apart.
+
+use std::io::Write;
+use std::net::Shutdown;
+use std::time::Duration;
+
+use anyhow::Result;
+use transport::frame::{FrameError, Section, HEADER_LEN};
+use transport::ReceiverError;
+
+use super::raw_connect;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::raw_peer::*;
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EofTruncation {
+    pub deadline: Dur,
+}
+
+impl StepKind for EofTruncation {
+    fn metrics(&self) -> &'static [Metric] {
+        &[Metric::EofCases, Metric::EofMisclassified]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        eof_truncation(ctx, step, self.deadline.0, report)
+    }
+}
+
+/// The cases, in the order rank 1 plays them, each with the outcome rank 0 must observe.
+const CASES: [&str; 5] = [
+    "clean-eof",
+    "truncated-header",
+    "truncated-payload",
+    "garbage-header",
+    "local-shutdown",
+];
+
+pub fn eof_truncation(
+    ctx: &Ctx,
+    step: usize,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    let barrier = format!("eof-{step}-local-shutdown-done");
+    match ctx.rank {
+        1 => {
+            let frame = data(ctx.seed, 0, 10);
+            let cut = data(ctx.seed, 1, 100);
+            for case in CASES {
+                let mut s = raw_connect(ctx.peers[0].raw, deadline)?;
+                match case {
+                    "clean-eof" => s.write_all(&frame)?,
+                    "truncated-header" => s.write_all(&cut[..7])?,
+                    "truncated-payload" => s.write_all(&cut[..HEADER_LEN + 33])?,
+                    "garbage-header" => s.write_all(b"GARBAGE!GARBAGE!GARBAGE!")?,
+                    _ => {
+                        // Half a frame, then hold the connection open: rank 0 stops its side.
+                        s.write_all(&cut[..30])?;
+                        ctx.control.barrier(&barrier, 2, deadline)?;
+                    }
+                }
+                s.shutdown(Shutdown::Both).ok();
+            }
+        }
+        0 => {
+            let mut misclassified = 0;
+            for case in CASES {
+                let conn = accept_conn(ctx, deadline)?;
+                let observed = observe(&conn, case, deadline)?;
+                let expected = match case {
+                    "clean-eof" => "frame, then clean EOF".to_string(),
+                    "truncated-header" => truncated(Section::Header, HEADER_LEN, 7),
+                    "truncated-payload" => truncated(Section::Payload, 100, 33),
+                    "garbage-header" => format!(
+                        "{}",
+                        ReceiverError::Frame(FrameError::BadMagic { found: *b"GARB" })
+                    ),
+                    _ => "local shutdown".to_string(),
+                };
+                if observed != expected {
+                    misclassified += 1;
+                }
+                report.notes.push(format!(
+                    "{case}: expected `{expected}`, observed `{observed}`"
+                ));
+                if case == "local-shutdown" {
+                    ctx.control.barrier(&barrier, 2, deadline)?;
+                }
+            }
+            report.metrics.insert(Metric::EofCases, CASES.len() as f64);
+            report
+                .metrics
+                .insert(Metric::EofMisclassified, misclassified as f64);
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! exit-before-first-exchange: full-mesh lazy connect and a first exchange, with one rank exiting before it (seed 003's #520 repro).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use transport::Connection;
+
+use super::{connect_to, seq};
+use crate::rank::context::Ctx;
+use crate::rank::protocol::{RankMsg, StepReport};
+use serde::{Deserialize, Serialize};
+
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExitBeforeFirstExchange {
+    pub exiting_rank: u32,
+    pub connect_timeout: Dur,
+    pub deadline: Dur,
+}
+
+impl StepKind for ExitBeforeFirstExchange {
+    fn metrics(&self) -> &'static [Metric] {
+        &[Metric::SurvivorDetected, Metric::DetectMs]
+    }
+
+    fn min_ranks(&self) -> u32 {
+        3
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn check(&self, ranks: u32) -> Result<(), String> {
+        if self.exiting_rank >= ranks {
+            return Err(format!(
+                "exiting_rank {} is not a rank (0..{ranks})",
+                self.exiting_rank
+            ));
+        }
+        Ok(())
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        exit_before_first_exchange(ctx, step, self.exiting_rank, self.connect_timeout.0, report)
+    }
+}
+
+pub fn exit_before_first_exchange(
+    ctx: &Ctx,
+    step: usize,
+    exiting: u32,
+    connect_timeout: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank == exiting {
+        ctx.control.send(&RankMsg::ExitingByDesign {
+            step,
+            reason: "leaves before the first exchange".into(),
+        })?;
+        std::process::exit(0);
+    }
+    let started = Instant::now();
+    // Full mesh, lazily: connect to higher ranks, wait for lower ones; all at once.
+    let ranks = ctx.ranks;
+    let outcome: Result<Vec<Connection>, String> = std::thread::scope(|s| {
+        let initiators: Vec<_> = (ctx.rank + 1..ranks)
+            .map(|peer| {
+                s.spawn(move || {
+                    connect_to(ctx, peer, seq(step, ctx.rank as u64), connect_timeout)
+                        .map_err(|e| format!("connect to rank {peer}: {e}"))
+                })
+            })
+            .collect();
+        let mut conns = vec![];
+        let mut first_error = None;
+        for peer in 0..ctx.rank {
+            match ctx
+                .listener
+                .wait_for(seq(step, peer as u64), connect_timeout)
+            {
+                Ok(c) => conns.push(c),
+                Err(e) => {
+                    first_error.get_or_insert(format!("wait for rank {peer}: {e}"));
+                }
+            }
+        }
+        for h in initiators {
+            match h
+                .join()
+                .unwrap_or_else(|_| Err("connect thread panicked".into()))
+            {
+                Ok(c) => conns.push(c),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(conns),
+        }
+    });
+    // The first exchange: everyone sends to everyone, then receives from everyone.
+    let failure = match outcome {
+        Err(e) => Some(e),
+        Ok(conns) => {
+            let mut err = None;
+            for c in &conns {
+                if let Err(e) = c.send(&ctx.rank.to_be_bytes(), connect_timeout) {
+                    err.get_or_insert(format!("send: {e}"));
+                }
+            }
+            for c in &conns {
+                if let Err(e) = c.recv(connect_timeout) {
+                    err.get_or_insert(format!("recv: {e}"));
+                }
+            }
+            err
+        }
+    };
+    match failure {
+        Some(e) => {
+            let detect_ms = started.elapsed().as_secs_f64() * 1e3;
+            report.metrics.insert(Metric::SurvivorDetected, 1.0);
+            report.metrics.insert(Metric::DetectMs, detect_ms);
+            report
+                .notes
+                .push(format!("rank {}: {e} after {detect_ms:.0} ms", ctx.rank));
+        }
+        None => {
+            report.metrics.insert(Metric::SurvivorDetected, 0.0);
+            report.notes.push(format!(
+                "rank {}: the first exchange completed without rank {exiting}",
+                ctx.rank
+            ));
+        }
+    }
+    Ok(())
+}

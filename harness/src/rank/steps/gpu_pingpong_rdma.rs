@@ -1,0 +1,192 @@
+//! gpu-pingpong-rdma: the same over an RC connection with RDMA WRITE: GPU memory registered through dmabuf where the GPU and NIC allow it, else staged through pinned host memory.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use transport::gpu::rdma::GpuRegion;
+use transport::gpu::Gpu;
+use transport::rdma::rc::{RcConnection, Received, RemoteRegion};
+
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::gpu_support::*;
+use super::{check_sizes, StepKind};
+use crate::model::duration::Dur;
+use crate::model::metric::{Metric, Series};
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPingpongRdma {
+    pub sizes: Vec<u32>,
+    pub iterations: u32,
+    pub stream_messages: u32,
+    pub deadline: Dur,
+}
+
+impl StepKind for GpuPingpongRdma {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::GpuMessages,
+            Metric::GpuDataMismatches,
+            Metric::GpuPatternHostMismatches,
+            Metric::GpuBandwidthGbps,
+            Metric::GpuDmabuf,
+            Metric::RdmaCompletionErrors,
+        ]
+    }
+
+    fn series(&self) -> &'static [Series] {
+        &[Series::Latency]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        check_sizes(&self.sizes, self.iterations)
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        rdma(
+            ctx,
+            step,
+            &Plan {
+                sizes: &self.sizes,
+                iterations: self.iterations,
+                stream_messages: self.stream_messages,
+            },
+            self.deadline.0,
+            report,
+        )
+    }
+}
+
+pub fn rdma(
+    ctx: &Ctx,
+    step: usize,
+    plan: &Plan,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let gpu = open(ctx, report)?;
+    let max = plan.max();
+    let mut c = super::rdma_support::pair(ctx, step, 64, deadline)?;
+    // The regions go before the connection (declared after it, dropped first).
+    let mut tx = GpuRegion::new(&gpu, &mut c, max)?;
+    let mut rx = GpuRegion::new(&gpu, &mut c, max * SLOTS)?;
+    report.notes.push(format!(
+        "rank {}: send region: {}; receive region: {}",
+        ctx.rank,
+        tx.path(),
+        rx.path()
+    ));
+    report.metrics.insert(
+        Metric::GpuDmabuf,
+        (tx.path().is_dmabuf() && rx.path().is_dmabuf()) as u8 as f64,
+    );
+    c.send(&rx.remote().to_bytes(), deadline)?;
+    let peer = match c.recv(deadline)? {
+        Received::Message(m) => {
+            RemoteRegion::from_bytes(&m).context("the peer's region advert is not 16 bytes")?
+        }
+        other => bail!("expected the peer's region advert, got {other:?}"),
+    };
+    let mut t = Tally {
+        host_mismatches: kernel_self_check(&gpu, tx.device_mut(), max.min(1 << 20), ctx.seed)?,
+        ..Tally::default()
+    };
+    for &size in plan.sizes {
+        let size = size as usize;
+        for it in 0..plan.iterations {
+            let s = seed(ctx, step, size, it, false);
+            if ctx.rank == 1 {
+                gpu.fill_pattern(tx.device_mut(), size, s)?;
+                let started = Instant::now();
+                tx.write_to(&gpu, &mut c, size, &peer, 0, it, deadline)?;
+                let n = landed(&gpu, &mut c, &mut rx, it, 0, deadline)?;
+                let rtt = started.elapsed();
+                t.samples
+                    .entry(size as u32)
+                    .or_default()
+                    .push(rtt.as_secs_f64() * 1e6 / 2.0);
+                t.mismatches += verify(&gpu, rx.device(), 0, n, size, s)?;
+            } else {
+                let n = landed(&gpu, &mut c, &mut rx, it, 0, deadline)?;
+                t.mismatches += verify(&gpu, rx.device(), 0, n, size, s)?;
+                // Echo from the device buffer the bytes landed in.
+                rx.write_to(&gpu, &mut c, n, &peer, 0, it, deadline)?;
+            }
+            t.messages += 1;
+        }
+    }
+    if ctx.rank == 1 {
+        let started = Instant::now();
+        let (mut credits, mut returned) = (SLOTS, 0u32);
+        for k in 0..plan.stream_messages {
+            if credits == 0 {
+                await_credit(&mut c, deadline)?;
+                (credits, returned) = (credits + 1, returned + 1);
+            }
+            gpu.fill_pattern(tx.device_mut(), max, seed(ctx, step, max, k, true))?;
+            let offset = (k as usize % SLOTS * max) as u64;
+            tx.write_to(&gpu, &mut c, max, &peer, offset, k, deadline)?;
+            credits -= 1;
+        }
+        while returned < plan.stream_messages {
+            await_credit(&mut c, deadline)?;
+            returned += 1;
+        }
+        t.bandwidth_gbps = Some(gbps(max * plan.stream_messages as usize, started.elapsed()));
+    } else {
+        for k in 0..plan.stream_messages {
+            let offset = k as usize % SLOTS * max;
+            let n = landed(&gpu, &mut c, &mut rx, k, offset, deadline)?;
+            t.mismatches += verify(
+                &gpu,
+                rx.device(),
+                offset,
+                n,
+                max,
+                seed(ctx, step, max, k, true),
+            )?;
+            c.send(b"credit", deadline)?;
+        }
+    }
+    t.messages += plan.stream_messages;
+    super::rdma_support::counts_into(&c, report);
+    super::rdma_support::barrier(ctx, step, "gpu-done", deadline)?;
+    drop((tx, rx));
+    t.into_report(report);
+    Ok(())
+}
+
+/// Wait for the peer's write number `imm` into `rx` at `offset`, and bring it to the device.
+fn landed(
+    gpu: &Gpu,
+    c: &mut RcConnection,
+    rx: &mut GpuRegion,
+    imm: u32,
+    offset: usize,
+    deadline: Duration,
+) -> Result<usize> {
+    match c.recv(deadline)? {
+        Received::WrittenToRegion { imm: got, len } if got == imm => {
+            rx.landed(gpu, offset, len)?;
+            Ok(len)
+        }
+        other => bail!("expected region write {imm}, got {other:?}"),
+    }
+}
+
+fn await_credit(c: &mut RcConnection, deadline: Duration) -> Result<()> {
+    match c.recv(deadline)? {
+        Received::Message(m) if m == b"credit" => Ok(()),
+        other => bail!("expected a stream credit, got {other:?}"),
+    }
+}

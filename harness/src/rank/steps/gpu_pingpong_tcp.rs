@@ -1,0 +1,141 @@
+//! gpu-pingpong-tcp: ranks 0 and 1, each on a GPU: ping-pong of device buffers over TCP (staged through pinned host memory), the pattern written and checked on the device at every size; then `stream_messages` of the largest size one way, for bandwidth.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use transport::gpu::tcp::TcpStaging;
+use transport::Connection;
+
+use super::{connect_to, seq};
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::gpu_support::*;
+use super::{check_sizes, StepKind};
+use crate::model::duration::Dur;
+use crate::model::metric::{Metric, Series};
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPingpongTcp {
+    pub sizes: Vec<u32>,
+    pub iterations: u32,
+    pub stream_messages: u32,
+    pub deadline: Dur,
+}
+
+impl StepKind for GpuPingpongTcp {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::GpuMessages,
+            Metric::GpuDataMismatches,
+            Metric::GpuPatternHostMismatches,
+            Metric::GpuBandwidthGbps,
+        ]
+    }
+
+    fn series(&self) -> &'static [Series] {
+        &[Series::Latency]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        check_sizes(&self.sizes, self.iterations)
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        tcp(
+            ctx,
+            step,
+            &Plan {
+                sizes: &self.sizes,
+                iterations: self.iterations,
+                stream_messages: self.stream_messages,
+            },
+            self.deadline.0,
+            report,
+        )
+    }
+}
+
+pub fn tcp(
+    ctx: &Ctx,
+    step: usize,
+    plan: &Plan,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let gpu = open(ctx, report)?;
+    report.notes.push(format!(
+        "rank {}: TCP path: staged through pinned host memory",
+        ctx.rank
+    ));
+    let conn: Connection = if ctx.rank == 1 {
+        connect_to(ctx, 0, seq(step, 1), deadline)?
+    } else {
+        ctx.listener.wait_for(seq(step, 1), deadline)?
+    };
+    let max = plan.max();
+    let mut staging = TcpStaging::new(&gpu, max)?;
+    let (mut tx, mut rx) = (gpu.alloc(max)?, gpu.alloc(max)?);
+    let mut t = Tally {
+        host_mismatches: kernel_self_check(&gpu, &mut tx, max.min(1 << 20), ctx.seed)?,
+        ..Tally::default()
+    };
+    for &size in plan.sizes {
+        let size = size as usize;
+        for it in 0..plan.iterations {
+            let s = seed(ctx, step, size, it, false);
+            if ctx.rank == 1 {
+                gpu.fill_pattern(&mut tx, size, s)?;
+                let started = Instant::now();
+                staging.send(&gpu, &conn, &tx, size, deadline)?;
+                let n = staging.recv(&gpu, &conn, &mut rx, deadline)?;
+                let rtt = started.elapsed();
+                t.samples
+                    .entry(size as u32)
+                    .or_default()
+                    .push(rtt.as_secs_f64() * 1e6 / 2.0);
+                t.mismatches += verify(&gpu, &rx, 0, n, size, s)?;
+            } else {
+                let n = staging.recv(&gpu, &conn, &mut rx, deadline)?;
+                t.mismatches += verify(&gpu, &rx, 0, n, size, s)?;
+                staging.send(&gpu, &conn, &rx, n, deadline)?;
+            }
+            t.messages += 1;
+        }
+    }
+    // One way, back to back; the receiver verifies every message, then acknowledges the lot.
+    if ctx.rank == 1 {
+        let started = Instant::now();
+        for k in 0..plan.stream_messages {
+            gpu.fill_pattern(&mut tx, max, seed(ctx, step, max, k, true))?;
+            staging.send(&gpu, &conn, &tx, max, deadline)?;
+        }
+        let ack = conn.recv(deadline)?;
+        if ack.payload != b"verified" {
+            bail!(
+                "expected the stream acknowledgement, got {} bytes",
+                ack.payload.len()
+            );
+        }
+        t.bandwidth_gbps = Some(gbps(max * plan.stream_messages as usize, started.elapsed()));
+    } else {
+        for k in 0..plan.stream_messages {
+            let n = staging.recv(&gpu, &conn, &mut rx, deadline)?;
+            t.mismatches += verify(&gpu, &rx, 0, n, max, seed(ctx, step, max, k, true))?;
+        }
+        conn.send(b"verified", deadline)?;
+    }
+    t.messages += plan.stream_messages;
+    conn.close()?;
+    t.into_report(report);
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! What the GPU steps share: the plan, per-message pattern seeds, opening a GPU, tallies.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use transport::gpu::{inventory, pattern, DeviceBuffer, Gpu};
+
+use crate::model::metric::{Metric, Series};
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+
+/// What a GPU step does: ping-pong at each size, then a one-way stream of the largest.
+pub struct Plan<'a> {
+    pub sizes: &'a [u32],
+    pub iterations: u32,
+    pub stream_messages: u32,
+}
+
+impl Plan<'_> {
+    pub(super) fn max(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(1) as usize
+    }
+}
+
+/// Receive slots of the RDMA stream: the sender may run this many messages ahead of the
+/// receiver's verification, and no further (each verified message returns a credit).
+pub(super) const SLOTS: usize = 4;
+
+/// The pattern seed of one message: distinct per step, size, iteration and phase, so a message
+/// delivered to the wrong place or twice is a mismatch.
+pub(super) fn seed(ctx: &Ctx, step: usize, size: usize, n: u32, stream: bool) -> u64 {
+    ctx.seed ^ (step as u64) << 56 ^ (stream as u64) << 55 ^ (size as u64) << 24 ^ n as u64
+}
+
+/// Open this rank's GPU (rank modulo the GPUs this host has) and note what it is.
+pub(super) fn open(ctx: &Ctx, report: &mut StepReport) -> Result<Gpu> {
+    let count = inventory()
+        .context("this step needs an NVIDIA GPU")?
+        .devices
+        .len();
+    let gpu = Gpu::open(ctx.rank as usize % count).context("opening the GPU")?;
+    let i = gpu.info();
+    report.notes.push(format!(
+        "rank {} on GPU {} ({}, {} MiB, compute {}.{}, CUDA driver {})",
+        ctx.rank,
+        i.ordinal,
+        i.name,
+        i.memory_bytes >> 20,
+        i.compute_capability.0,
+        i.compute_capability.1,
+        gpu.driver_version()
+    ));
+    Ok(gpu)
+}
+
+/// The device fill kernel against the host's reference, byte for byte (a wrong kernel would
+/// otherwise verify its own wrong pattern).
+pub(super) fn kernel_self_check(
+    gpu: &Gpu,
+    buf: &mut DeviceBuffer,
+    len: usize,
+    s: u64,
+) -> Result<u64> {
+    gpu.fill_pattern(buf, len, s)?;
+    let mut host = vec![0u8; len];
+    gpu.to_host(buf, &mut host)?;
+    Ok(host
+        .iter()
+        .zip(pattern::bytes(s, len))
+        .filter(|(a, b)| **a != *b)
+        .count() as u64)
+}
+
+/// Counts and samples a step reports.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) messages: u32,
+    pub(super) mismatches: u64,
+    pub(super) host_mismatches: u64,
+    pub(super) samples: std::collections::BTreeMap<u32, Vec<f64>>,
+    pub(super) bandwidth_gbps: Option<f64>,
+}
+
+impl Tally {
+    pub(super) fn into_report(self, report: &mut StepReport) {
+        let m = &mut report.metrics;
+        m.insert(Metric::GpuMessages, self.messages as f64);
+        m.insert(Metric::GpuDataMismatches, self.mismatches as f64);
+        m.insert(
+            Metric::GpuPatternHostMismatches,
+            self.host_mismatches as f64,
+        );
+        if let Some(bw) = self.bandwidth_gbps {
+            m.insert(Metric::GpuBandwidthGbps, bw);
+        }
+        for (size, v) in self.samples {
+            report.sample(Series::Latency, size as u64, v);
+        }
+    }
+}
+
+pub(super) fn gbps(bytes: usize, elapsed: Duration) -> f64 {
+    bytes as f64 * 8.0 / elapsed.as_secs_f64().max(1e-9) / 1e9
+}
+
+/// Mismatching bytes of a received message (a wrong length counts as all of it).
+pub(super) fn verify(
+    gpu: &Gpu,
+    buf: &DeviceBuffer,
+    offset: usize,
+    got: usize,
+    want: usize,
+    s: u64,
+) -> Result<u64> {
+    if got != want {
+        return Ok(want.max(got) as u64);
+    }
+    Ok(gpu.pattern_mismatches_at(buf, offset, got, s)?)
+}

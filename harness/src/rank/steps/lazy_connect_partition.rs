@@ -1,0 +1,95 @@
+//! lazy-connect-partition: rank 1 reports `partitioned` (where a link cut strikes), then lazily connects to rank 0: both sides must fail within their deadlines instead of hanging.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use transport::Error;
+
+use super::seq;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::lazy_connect::initiate;
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LazyConnectPartition {
+    pub wait_timeout: Dur,
+    pub connect_deadline: Dur,
+    pub deadline: Dur,
+}
+
+impl StepKind for LazyConnectPartition {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::ListenerTimeoutFired,
+            Metric::ListenerTimeoutMs,
+            Metric::InitiatorConnectFailed,
+            Metric::ConnectFailMs,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        partition(
+            ctx,
+            step,
+            self.wait_timeout.0,
+            self.connect_deadline.0,
+            self.deadline.0,
+            report,
+        )
+    }
+}
+
+/// A partition during a lazy connect: the initiator's host loses its data link just before it
+/// connects. The listener's wait must time out once, on time; the initiator's connect must give
+/// up at its deadline.
+pub fn partition(
+    ctx: &Ctx,
+    step: usize,
+    wait: Duration,
+    connect_deadline: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    let m = &mut report.metrics;
+    match ctx.rank {
+        0 => {
+            let started = Instant::now();
+            let r = ctx.listener.wait_for(seq(step, 0), wait);
+            m.insert(
+                Metric::ListenerTimeoutFired,
+                matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
+            );
+            m.insert(
+                Metric::ListenerTimeoutMs,
+                started.elapsed().as_secs_f64() * 1e3,
+            );
+            report
+                .notes
+                .push(format!("listener wait across the partition: {:?}", r.err()));
+        }
+        1 => {
+            ctx.control.point_and_wait(step, "partitioned", deadline)?;
+            let started = Instant::now();
+            let r = initiate(ctx, step, 0, 0, connect_deadline);
+            let failed = r.is_err();
+            m.insert(Metric::InitiatorConnectFailed, failed as u8 as f64);
+            m.insert(Metric::ConnectFailMs, started.elapsed().as_secs_f64() * 1e3);
+            report.notes.push(format!(
+                "initiator connect across the partition: {:?}",
+                r.err()
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}

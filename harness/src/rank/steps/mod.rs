@@ -1,0 +1,148 @@
+//! The step kinds, one file each, behind one trait and one registry.
+//!
+//! A new step kind is a file holding its parameters (the YAML mapping under the kind's name),
+//! its [`StepKind`] implementation and its unit tests, plus one line in [`registry!`] below.
+
+mod eof_truncation;
+mod exact_reads;
+mod exit_before_first_exchange;
+mod gpu_pingpong_rdma;
+mod gpu_pingpong_tcp;
+mod gpu_support;
+mod lazy_connect;
+mod lazy_connect_partition;
+mod peer_death;
+mod pingpong;
+mod raw_peer;
+mod rdma_graceful_shutdown;
+mod rdma_interface_index;
+mod rdma_interop_rc_pingpong;
+mod rdma_lossless_stream;
+mod rdma_peer_death;
+mod rdma_pingpong;
+pub mod rdma_support;
+mod rdma_xhost_send;
+mod receiver_error;
+pub mod stall;
+mod support;
+mod teardown_cycles;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+pub use support::*;
+
+use crate::model::input::InputError;
+use crate::model::metric::{Metric, Series};
+use crate::model::scenario::{self, StepSpec};
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+
+/// One step kind: what it declares (checked before anything runs) and what a rank does.
+pub trait StepKind {
+    /// Every metric the step records. Recording any other fails the step.
+    fn metrics(&self) -> &'static [Metric];
+    /// Every latency series the step samples.
+    fn series(&self) -> &'static [Series] {
+        &[]
+    }
+    /// Fewest ranks the step needs.
+    fn min_ranks(&self) -> u32 {
+        2
+    }
+    /// The step's deadline, from its parameters.
+    fn deadline(&self) -> Duration;
+    /// Parameter checks against the scenario's rank count; the message says what to fix.
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        Ok(())
+    }
+    /// What this rank does in the step; evidence goes into `report`.
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()>;
+}
+
+/// The registry: each line names a step kind as YAML spells it and the file that holds it.
+macro_rules! registry {
+    ($($variant:ident($ty:ty) = $name:literal,)*) => {
+        /// One step of a scenario: the kind's name as the YAML key, its parameters as the value.
+        #[derive(Clone, Debug, Deserialize, Serialize)]
+        pub enum Step {
+            $(#[serde(rename = $name)] $variant($ty),)*
+        }
+
+        impl Step {
+            /// Every registered kind's name, in registry order.
+            pub const NAMES: &'static [&'static str] = &[$($name),*];
+
+            pub fn kind(&self) -> &dyn StepKind {
+                match self { $(Step::$variant(p) => p,)* }
+            }
+
+            fn kind_name(&self) -> &'static str {
+                match self { $(Step::$variant(_) => $name,)* }
+            }
+        }
+    };
+}
+
+registry! {
+    TeardownCycles(teardown_cycles::TeardownCycles) = "teardown-cycles",
+    ExactReads(exact_reads::ExactReads) = "exact-reads",
+    EofTruncation(eof_truncation::EofTruncation) = "eof-truncation",
+    ReceiverError(receiver_error::ReceiverError) = "receiver-error",
+    PeerDeath(peer_death::PeerDeath) = "peer-death",
+    ExitBeforeFirstExchange(exit_before_first_exchange::ExitBeforeFirstExchange) = "exit-before-first-exchange",
+    LazyConnect(lazy_connect::LazyConnect) = "lazy-connect",
+    LazyConnectPartition(lazy_connect_partition::LazyConnectPartition) = "lazy-connect-partition",
+    Pingpong(pingpong::Pingpong) = "pingpong",
+    RdmaPingpong(rdma_pingpong::RdmaPingpong) = "rdma-pingpong",
+    RdmaLosslessStream(rdma_lossless_stream::RdmaLosslessStream) = "rdma-lossless-stream",
+    RdmaGracefulShutdown(rdma_graceful_shutdown::RdmaGracefulShutdown) = "rdma-graceful-shutdown",
+    RdmaInterfaceIndex(rdma_interface_index::RdmaInterfaceIndex) = "rdma-interface-index",
+    RdmaPeerDeath(rdma_peer_death::RdmaPeerDeath) = "rdma-peer-death",
+    RdmaXhostSend(rdma_xhost_send::RdmaXhostSend) = "rdma-xhost-send",
+    RdmaInteropRcPingpong(rdma_interop_rc_pingpong::RdmaInteropRcPingpong) = "rdma-interop-rc-pingpong",
+    GpuPingpongTcp(gpu_pingpong_tcp::GpuPingpongTcp) = "gpu-pingpong-tcp",
+    GpuPingpongRdma(gpu_pingpong_rdma::GpuPingpongRdma) = "gpu-pingpong-rdma",
+    Stall(stall::Stall) = "stall",
+}
+
+impl StepSpec for Step {
+    fn name(&self) -> &'static str {
+        self.kind_name()
+    }
+    fn metrics(&self) -> &'static [Metric] {
+        self.kind().metrics()
+    }
+    fn series(&self) -> &'static [Series] {
+        self.kind().series()
+    }
+    fn min_ranks(&self) -> u32 {
+        self.kind().min_ranks()
+    }
+    fn deadline(&self) -> Duration {
+        self.kind().deadline()
+    }
+    fn check(&self, ranks: u32) -> Result<(), String> {
+        self.kind().check(ranks)
+    }
+}
+
+/// A scenario whose steps are the registered kinds.
+pub type Loaded = scenario::Loaded<Step>;
+
+/// Parse and check one scenario file against the registry.
+pub fn load(path: &std::path::Path) -> Result<Loaded, InputError> {
+    scenario::load::<Step>(path)
+}
+
+/// Run one step on this rank and check that its evidence is what the kind declared.
+pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
+    let mut report = StepReport::new(index);
+    step.kind().run(ctx, index, &mut report)?;
+    report
+        .check_declared(step.metrics(), step.series())
+        .map_err(anyhow::Error::msg)?;
+    Ok(report)
+}

@@ -1,0 +1,121 @@
+//! rdma-graceful-shutdown: rank 0 runs the DAQIRI-shaped RDMA server (worker per connection, stats thread); rank 1 connects, exchanges `messages` and disconnects, `connections` times; then the server shuts down gracefully.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use transport::rdma::rc::{connect, Received};
+use transport::rdma::server::{RdmaServer, ServerOptions};
+
+use super::pattern;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::rdma_support::*;
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaGracefulShutdown {
+    pub connections: u32,
+    pub messages: u32,
+    pub stats_period: Dur,
+    pub deadline: Dur,
+}
+
+impl StepKind for RdmaGracefulShutdown {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::RdmaConnectionsServed,
+            Metric::RdmaWorkersJoined,
+            Metric::RdmaPoolLeaked,
+            Metric::RdmaShutdownMs,
+            Metric::RdmaStatsSamples,
+            Metric::RdmaDataMismatches,
+            Metric::RdmaCompletionErrors,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        graceful_shutdown(
+            ctx,
+            step,
+            self.connections,
+            self.messages,
+            self.stats_period.0,
+            self.deadline.0,
+            report,
+        )
+    }
+}
+
+pub fn graceful_shutdown(
+    ctx: &Ctx,
+    step: usize,
+    connections: u32,
+    messages: u32,
+    stats_period: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let server_ip = server_ip(ctx)?;
+    let addr = SocketAddr::new(server_ip, port(step));
+    let rc = options(4096, deadline);
+    if ctx.rank == 0 {
+        let pool = 4;
+        let server = RdmaServer::start(ServerOptions {
+            interfaces: vec![server_ip],
+            port: port(step),
+            rc,
+            pool,
+            stats_period,
+        })?;
+        barrier(ctx, step, "listening", deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
+        // Every disconnect is handled by the server's CM loop; wait (bounded) for all of them.
+        let served = wait_served(&server, connections as usize, deadline);
+        let started = Instant::now();
+        let stats = server.shutdown();
+        let m = &mut report.metrics;
+        m.insert(
+            Metric::RdmaShutdownMs,
+            started.elapsed().as_secs_f64() * 1e3,
+        );
+        m.insert(Metric::RdmaConnectionsServed, served.len() as f64);
+        m.insert(Metric::RdmaWorkersJoined, stats.workers_joined as f64);
+        m.insert(Metric::RdmaPoolLeaked, (pool - stats.pool_free) as f64);
+        m.insert(Metric::RdmaStatsSamples, stats.stats_samples as f64);
+        m.insert(Metric::RdmaCompletionErrors, stats.completion_errors as f64);
+        report.notes.push(format!(
+            "server: {stats:?}; every worker's buffers came back after its join: {}",
+            served.iter().all(|s| s.buffers_returned_after_join)
+        ));
+    } else {
+        barrier(ctx, step, "listening", deadline)?;
+        let mut mismatches = 0u32;
+        for c in 0..connections {
+            let mut conn = connect(addr, rc).with_context(|| format!("connection {c}"))?;
+            for i in 0..messages {
+                let msg = pattern(ctx.seed, (c as u64) << 32 | i as u64, 512);
+                conn.send(&msg, deadline)?;
+                mismatches += (conn.recv(deadline)? != Received::Message(msg)) as u32;
+            }
+            drop(conn);
+        }
+        report
+            .metrics
+            .insert(Metric::RdmaDataMismatches, mismatches as f64);
+        barrier(ctx, step, "clients-done", deadline)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! rdma-interface-index: the server is configured with every local RoCE interface in reverse order; rank 1 connects once to each address and says which one it dialled.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use transport::rdma::rc::{connect, Received};
+use transport::rdma::server::{RdmaServer, ServerOptions};
+
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::rdma_support::*;
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaInterfaceIndex {
+    pub deadline: Dur,
+}
+
+impl StepKind for RdmaInterfaceIndex {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::RdmaInterfacesServed,
+            Metric::RdmaInterfaceMismatches,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        interface_index(ctx, step, self.deadline.0, report)
+    }
+}
+
+pub fn interface_index(
+    ctx: &Ctx,
+    step: usize,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let addresses = local_addresses();
+    if addresses.len() < 2 {
+        bail!("needs two active RoCE interfaces, found {addresses:?}");
+    }
+    let rc = options(4096, deadline);
+    if ctx.rank == 0 {
+        // Configured in reverse order, so list index and discovery order (and port numbers,
+        // all 1 on rxe) disagree.
+        let interfaces: Vec<IpAddr> = addresses.iter().rev().copied().collect();
+        let server = RdmaServer::start(ServerOptions {
+            interfaces: interfaces.clone(),
+            port: port(step),
+            rc,
+            pool: 4,
+            stats_period: Duration::from_millis(20),
+        })?;
+        barrier(ctx, step, "listening", deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
+        let served = wait_served(&server, addresses.len(), deadline);
+        let mut mismatches = 0;
+        for s in &served {
+            let dialled = String::from_utf8_lossy(&s.first_message).to_string();
+            let configured = interfaces[s.interface].to_string();
+            if dialled != configured {
+                mismatches += 1;
+            }
+            report.notes.push(format!(
+                "connection to {dialled} served by interface {} ({configured})",
+                s.interface
+            ));
+        }
+        let distinct: std::collections::BTreeSet<usize> =
+            served.iter().map(|s| s.interface).collect();
+        report
+            .metrics
+            .insert(Metric::RdmaInterfacesServed, distinct.len() as f64);
+        report
+            .metrics
+            .insert(Metric::RdmaInterfaceMismatches, mismatches as f64);
+        server.shutdown();
+    } else {
+        barrier(ctx, step, "listening", deadline)?;
+        for ip in &addresses {
+            let mut conn = connect(SocketAddr::new(*ip, port(step)), rc)?;
+            let msg = ip.to_string().into_bytes();
+            conn.send(&msg, deadline)?;
+            if conn.recv(deadline)? != Received::Message(msg) {
+                bail!("the echo from {ip} differs");
+            }
+        }
+        barrier(ctx, step, "clients-done", deadline)?;
+    }
+    Ok(())
+}

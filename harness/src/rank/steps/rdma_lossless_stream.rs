@@ -1,0 +1,97 @@
+//! rdma-lossless-stream: rank 1 SENDs `messages` messages of `size` bytes to rank 0, which counts and checks them.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use transport::rdma::rc::Received;
+
+use super::pattern;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::rdma_support::*;
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaLosslessStream {
+    pub messages: u32,
+    pub size: u32,
+    pub deadline: Dur,
+}
+
+impl StepKind for RdmaLosslessStream {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::RdmaTxMessages,
+            Metric::RdmaRxMessages,
+            Metric::RdmaRxBytes,
+            Metric::RdmaDropped,
+            Metric::RdmaCompletionErrors,
+            Metric::RetryExcErr,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        stream(ctx, step, self.messages, self.size, self.deadline.0, report)
+    }
+}
+
+pub fn stream(
+    ctx: &Ctx,
+    step: usize,
+    messages: u32,
+    size: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let mut c = pair(ctx, step, size, deadline)?;
+    let end = Instant::now() + deadline;
+    if ctx.rank == 1 {
+        let mut sent = 0u32;
+        for i in 0..messages {
+            c.send(
+                &pattern(ctx.seed, i as u64, size as usize),
+                end.saturating_duration_since(Instant::now()),
+            )?;
+            sent += 1;
+        }
+        report.metrics.insert(Metric::RdmaTxMessages, sent as f64);
+    } else {
+        let (mut received, mut bytes, mut corrupt) = (0u32, 0u64, 0u32);
+        while received < messages {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("only {received} of {messages} messages arrived within the step deadline");
+            }
+            match c.recv(left)? {
+                Received::Message(m) => {
+                    corrupt += (m != pattern(ctx.seed, received as u64, size as usize)) as u32;
+                    bytes += m.len() as u64;
+                    received += 1;
+                }
+                other => bail!("unexpected {other:?} in a SEND stream"),
+            }
+        }
+        report
+            .metrics
+            .insert(Metric::RdmaRxMessages, received as f64);
+        report.metrics.insert(Metric::RdmaRxBytes, bytes as f64);
+        report
+            .metrics
+            .insert(Metric::RdmaDropped, (messages - received + corrupt) as f64);
+    }
+    counts_into(&c, report);
+    barrier(ctx, step, "done", deadline)?;
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! rdma-xhost-send: DAQIRI #113 across hosts: rank 0 runs the RDMA server for `server_seconds`, rank 1 (on the other host) SENDs `messages` and receives every echo; then the server's timer ends it.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use transport::rdma::rc::{connect, Received};
+use transport::rdma::server::{RdmaServer, ServerOptions};
+
+use super::pattern;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::rdma_support::*;
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RdmaXhostSend {
+    pub messages: u32,
+    pub server_seconds: Dur,
+    pub deadline: Dur,
+}
+
+impl StepKind for RdmaXhostSend {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::RdmaTxMessages,
+            Metric::RdmaRxMessages,
+            Metric::RdmaEchoes,
+            Metric::RetryExcErr,
+            Metric::RdmaShutdownMs,
+            Metric::RdmaCompletionErrors,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        xhost_send(
+            ctx,
+            step,
+            self.messages,
+            self.server_seconds.0,
+            self.deadline.0,
+            report,
+        )
+    }
+}
+
+pub fn xhost_send(
+    ctx: &Ctx,
+    step: usize,
+    messages: u32,
+    server_seconds: Duration,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let server_ip = server_ip(ctx)?;
+    let rc = options(4096, deadline);
+    if ctx.rank == 0 {
+        let started = Instant::now();
+        // The server posts its receives before it accepts (RdmaServer does, by construction).
+        let server = RdmaServer::start(ServerOptions {
+            interfaces: vec![server_ip],
+            port: port(step),
+            rc,
+            pool: 2,
+            stats_period: Duration::from_millis(100),
+        })?;
+        barrier(ctx, step, "listening", deadline)?;
+        barrier(ctx, step, "clients-done", deadline)?;
+        // Serve until the timer, then shut down gracefully: the exit must follow the timer.
+        let timer = started + server_seconds;
+        while Instant::now() < timer {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let t = Instant::now();
+        let served = server.served();
+        let stats = server.shutdown();
+        report
+            .metrics
+            .insert(Metric::RdmaShutdownMs, t.elapsed().as_secs_f64() * 1e3);
+        report.metrics.insert(
+            Metric::RdmaRxMessages,
+            served.iter().map(|s| s.messages).sum::<u64>() as f64,
+        );
+        report
+            .metrics
+            .insert(Metric::RdmaCompletionErrors, stats.completion_errors as f64);
+        report
+            .notes
+            .push(format!("server on {server_ip}: {stats:?}"));
+    } else {
+        barrier(ctx, step, "listening", deadline)?;
+        let mut conn = connect(SocketAddr::new(server_ip, port(step)), rc)
+            .with_context(|| format!("connecting to {server_ip} from the other host"))?;
+        let (mut sent, mut echoes) = (0u32, 0u32);
+        for i in 0..messages {
+            let msg = pattern(ctx.seed, i as u64, 1024);
+            conn.send(&msg, deadline)?;
+            sent += 1;
+            if conn.recv(deadline)? == Received::Message(msg) {
+                echoes += 1;
+            }
+        }
+        report.metrics.insert(Metric::RdmaTxMessages, sent as f64);
+        report.metrics.insert(Metric::RdmaEchoes, echoes as f64);
+        report.metrics.insert(
+            Metric::RetryExcErr,
+            conn.counts().get("RETRY_EXC_ERR") as f64,
+        );
+        report.notes.push(format!(
+            "client {:?} -> {server_ip}: {:?}",
+            local_address(),
+            conn.counts().0
+        ));
+        drop(conn);
+        barrier(ctx, step, "clients-done", deadline)?;
+    }
+    Ok(())
+}

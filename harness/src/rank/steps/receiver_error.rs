@@ -1,0 +1,79 @@
+//! receiver-error: rank 1 sends garbage; rank 0's send and flush must report the receiver's failure.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use transport::Error;
+
+use super::raw_connect;
+use crate::hosts::procfs::wait_until;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::raw_peer::*;
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverError {
+    pub deadline: Dur,
+}
+
+impl StepKind for ReceiverError {
+    fn metrics(&self) -> &'static [Metric] {
+        &[Metric::SendSawReceiverError, Metric::FlushSawReceiverError]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        receiver_error(ctx, step, self.deadline.0, report)
+    }
+}
+
+pub fn receiver_error(
+    ctx: &Ctx,
+    step: usize,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    let barrier = format!("receiver-error-{step}-checked");
+    match ctx.rank {
+        1 => {
+            let mut s: TcpStream = raw_connect(ctx.peers[0].raw, deadline)?;
+            s.write_all(b"this is not a wringer frame")?;
+            ctx.control.barrier(&barrier, 2, deadline)?;
+        }
+        0 => {
+            let conn = accept_conn(ctx, deadline)?;
+            if !wait_until(|| conn.terminal().is_some(), deadline) {
+                bail!("the receiver never failed on the garbage");
+            }
+            let send = conn.send(b"after the failure", deadline);
+            let flush = conn.flush(deadline);
+            let saw = |r: &transport::Result<()>| matches!(r, Err(Error::Receiver(_))) as u8 as f64;
+            report
+                .metrics
+                .insert(Metric::SendSawReceiverError, saw(&send));
+            report
+                .metrics
+                .insert(Metric::FlushSawReceiverError, saw(&flush));
+            report
+                .notes
+                .push(format!("receiver ended: {:?}", conn.terminal()));
+            report
+                .notes
+                .push(format!("send: {send:?}; flush: {flush:?}"));
+            ctx.control.barrier(&barrier, 2, deadline)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! stall: do nothing for `duration`. A harness self-test for the watchdog.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stall {
+    pub duration: Dur,
+    pub deadline: Dur,
+}
+
+impl StepKind for Stall {
+    fn metrics(&self) -> &'static [Metric] {
+        &[]
+    }
+
+    fn min_ranks(&self) -> u32 {
+        1
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, _ctx: &Ctx, _step: usize, _report: &mut StepReport) -> Result<()> {
+        std::thread::sleep(self.duration.0);
+        Ok(())
+    }
+}

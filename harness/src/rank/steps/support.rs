@@ -1,0 +1,120 @@
+//! Helpers the step kinds share: connections between ranks, payload patterns, percentiles,
+//! and the process-level checks (descriptors, threads).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use transport::{connect, ConnectOptions, Connection, Hello};
+
+use crate::rank::context::Ctx;
+
+/// Sizes of a ping-pong: every size in 1..=16 MiB, and at least one iteration.
+pub fn check_sizes(sizes: &[u32], iterations: u32) -> Result<(), String> {
+    if sizes.is_empty() || iterations == 0 || sizes.iter().any(|&b| b == 0 || b > 16 << 20) {
+        return Err("needs sizes in 1..=16MiB and iterations >= 1".into());
+    }
+    Ok(())
+}
+
+/// Sequence numbers for lazy connects, unique per step so steps never collide.
+pub fn seq(step: usize, n: u64) -> u64 {
+    (step as u64) << 32 | n
+}
+
+/// Deterministic payload: the receiver can verify every byte without being told them.
+pub fn pattern(seed: u64, tag: u64, len: usize) -> Vec<u8> {
+    let mut x = seed ^ tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn connect_to(ctx: &Ctx, peer: u32, sequence: u64, deadline: Duration) -> Result<Connection> {
+    let hello = Hello {
+        rank: ctx.rank,
+        sequence,
+        generation: 0,
+        token: ctx.token,
+    };
+    let opts = ConnectOptions {
+        deadline,
+        ..ConnectOptions::default()
+    };
+    Ok(connect(ctx.peers[peer as usize].transport, &hello, &opts)?)
+}
+
+pub fn raw_connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// Accept one raw connection, waiting at most `timeout`.
+pub fn accept_within(listener: &TcpListener, timeout: Duration) -> Result<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    listener.set_nonblocking(true)?;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false)?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    bail!("no peer connected within {timeout:?}");
+                }
+                let mut pfd = libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd for the duration of the call; the listener keeps
+                // the fd open.
+                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Percentile (0..=100) of unsorted samples, or 0 for none.
+pub fn percentile(samples: &[f64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let idx = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[idx.min(v.len() - 1)]
+}
+
+/// Wait (bounded) for this process's descriptor and thread counts to return to a baseline;
+/// returns the remaining deltas. Threads that just finished need a moment to leave /proc.
+pub fn settle(fds: usize, threads: usize, limit: Duration) -> (f64, f64) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (f, t) = (
+            crate::hosts::procfs::open_fds(),
+            crate::hosts::procfs::threads(),
+        );
+        if (f == fds && t == threads) || Instant::now() >= deadline {
+            return (f as f64 - fds as f64, t as f64 - threads as f64);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn fd_is_closed(fd: i32) -> bool {
+    // SAFETY: F_GETFD only queries the descriptor table; an invalid fd yields EBADF.
+    let rc = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EBADF)
+}

@@ -1,0 +1,119 @@
+//! teardown-cycles: rank 1 connects to rank 0, both receivers block, rank 0 tears down; `cycles` times (the MSCCL++ validation across two processes).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use transport::Terminal;
+
+use super::{connect_to, fd_is_closed, percentile, seq, settle};
+use crate::hosts::procfs::{open_fds, threads, wait_until};
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
+
+use super::StepKind;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeardownCycles {
+    pub cycles: u32,
+    pub deadline: Dur,
+}
+
+impl StepKind for TeardownCycles {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::Cycles,
+            Metric::ShutdownP50Ms,
+            Metric::ShutdownP99Ms,
+            Metric::Ebadf,
+            Metric::FdDelta,
+            Metric::ThreadDelta,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        run(ctx, step, self.cycles, self.deadline.0, report)
+    }
+}
+
+pub fn run(
+    ctx: &Ctx,
+    step: usize,
+    cycles: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<()> {
+    if ctx.rank > 1 {
+        return Ok(());
+    }
+    let end = Instant::now() + deadline;
+    let (fds_before, threads_before) = (open_fds(), threads());
+    // Rank 1 connects only once both baselines are taken: an early connect would put rank 0's
+    // short-lived handshake thread into its baseline, and the delta would read -1.
+    ctx.control
+        .barrier(&format!("teardown-{step}-baseline"), 2, deadline)?;
+    let mut shutdown_ms = Vec::with_capacity(cycles as usize);
+    let mut ebadf = 0u32;
+    let mut done = 0u32;
+    for i in 0..cycles {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("only {done} of {cycles} cycles fit in the step deadline");
+        }
+        let conn = if ctx.rank == 0 {
+            ctx.listener.wait_for(seq(step, i as u64), left)?
+        } else {
+            connect_to(ctx, 0, seq(step, i as u64), left)?
+        };
+        // Rank 1's receiver may already have seen rank 0's close instead of blocking.
+        let settled =
+            || (ctx.rank == 1 && conn.terminal().is_some()) || conn.receiver_blocked_in_recv();
+        if !wait_until(settled, left) {
+            bail!("cycle {i}: the receiver never blocked in recv");
+        }
+        if ctx.rank == 1 {
+            // Rank 0 tears down first, with our receiver blocked; we see it close, then close.
+            match conn.recv(left) {
+                Err(transport::Error::PeerClosed) => {}
+                Err(transport::Error::Receiver(e)) if e.is_ebadf() => ebadf += 1,
+                other => bail!("cycle {i}: expected the peer to close, got {other:?}"),
+            }
+        }
+        let started = Instant::now();
+        conn.close()?;
+        shutdown_ms.push(started.elapsed().as_secs_f64() * 1e3);
+        if !fd_is_closed(conn.raw_fd()) {
+            bail!(
+                "cycle {i}: descriptor {} is still open after teardown",
+                conn.raw_fd()
+            );
+        }
+        match conn.terminal() {
+            Some(Terminal::Failed(e)) if e.is_ebadf() => ebadf += 1,
+            Some(Terminal::Failed(e)) => bail!("cycle {i}: receiver failed: {e}"),
+            _ => {}
+        }
+        done += 1;
+    }
+    let (fd_delta, thread_delta) = settle(fds_before, threads_before, Duration::from_secs(2));
+    let m = &mut report.metrics;
+    m.insert(Metric::Cycles, done as f64);
+    m.insert(Metric::ShutdownP50Ms, percentile(&shutdown_ms, 50.0));
+    m.insert(Metric::ShutdownP99Ms, percentile(&shutdown_ms, 99.0));
+    m.insert(Metric::Ebadf, ebadf as f64);
+    m.insert(Metric::FdDelta, fd_delta);
+    m.insert(Metric::ThreadDelta, thread_delta);
+    report.notes.push(format!(
+        "rank {}: {done} cycles, max shutdown {:.3} ms",
+        ctx.rank,
+        shutdown_ms.iter().copied().fold(0.0, f64::max)
+    ));
+    Ok(())
+}
