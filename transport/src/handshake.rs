@@ -14,7 +14,24 @@ use crate::stream::{write_frame, FrameReader, ReadError, WriteError};
 const HELLO_LEN: usize = 4 + 8 + 8 + 16;
 /// Handshake frames are tiny; a peer claiming more is not one of ours.
 const HANDSHAKE_MAX_PAYLOAD: u32 = 256;
-const TIMED_OUT: &str = "timed out";
+
+/// How a handshake exchange failed: out of time (a typed timeout for the caller), or not.
+#[derive(Debug)]
+pub(crate) enum ControlError {
+    TimedOut(&'static str),
+    Failed(String),
+}
+
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlError::TimedOut(during) => write!(f, "timed out {during}"),
+            ControlError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+type ControlResult<T> = std::result::Result<T, ControlError>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
@@ -59,15 +76,12 @@ pub(crate) fn initiate(
     timeout: Duration,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
-    let failed = |reason: String| {
-        if reason.starts_with(TIMED_OUT) {
-            Error::Timeout {
-                during: "handshake",
-                after: timeout,
-            }
-        } else {
-            Error::Handshake { addr, reason }
-        }
+    let failed = |e: ControlError| match e {
+        ControlError::TimedOut(_) => Error::Timeout {
+            during: "handshake",
+            after: timeout,
+        },
+        ControlError::Failed(reason) => Error::Handshake { addr, reason },
     };
     send_control(socket, Kind::Hello, &hello.encode(), deadline).map_err(failed)?;
     let frame = read_control(socket, deadline).map_err(failed)?;
@@ -84,19 +98,20 @@ pub(crate) fn initiate(
 }
 
 /// Listener side: read the initiator's hello within `timeout`.
-pub(crate) fn read_hello(socket: &Socket, timeout: Duration) -> std::result::Result<Hello, String> {
+pub(crate) fn read_hello(socket: &Socket, timeout: Duration) -> ControlResult<Hello> {
     let frame = read_control(socket, Instant::now() + timeout)?;
     if frame.header.kind != Kind::Hello {
-        return Err(format!(
+        return Err(ControlError::Failed(format!(
             "expected a hello, got a {:?} frame",
             frame.header.kind
-        ));
+        )));
     }
-    Hello::decode(&frame.payload)
-        .ok_or_else(|| format!("hello payload of {} bytes", frame.payload.len()))
+    Hello::decode(&frame.payload).ok_or_else(|| {
+        ControlError::Failed(format!("hello payload of {} bytes", frame.payload.len()))
+    })
 }
 
-pub(crate) fn accept(socket: &Socket, timeout: Duration) -> std::result::Result<(), String> {
+pub(crate) fn accept(socket: &Socket, timeout: Duration) -> ControlResult<()> {
     send_control(socket, Kind::HelloAck, &[], Instant::now() + timeout)
 }
 
@@ -115,7 +130,7 @@ fn send_control(
     kind: Kind,
     payload: &[u8],
     deadline: Instant,
-) -> std::result::Result<(), String> {
+) -> ControlResult<()> {
     let header = Header {
         kind,
         flags: 0,
@@ -123,38 +138,41 @@ fn send_control(
         len: payload.len() as u32,
     };
     write_frame(socket, &header, payload, deadline).map_err(|e| match e {
-        WriteError::Timeout { .. } => format!("{TIMED_OUT} sending"),
-        WriteError::Io { error, .. } => format!("send failed: {error}"),
+        WriteError::Timeout { .. } => ControlError::TimedOut("sending"),
+        WriteError::Io { error, .. } => ControlError::Failed(format!("send failed: {error}")),
     })
 }
 
-fn read_control(socket: &Socket, deadline: Instant) -> std::result::Result<Frame, String> {
+fn read_control(socket: &Socket, deadline: Instant) -> ControlResult<Frame> {
+    let failed = |e: std::io::Error| ControlError::Failed(e.to_string());
     let remaining = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
-    socket
-        .set_read_timeout(Some(remaining))
-        .map_err(|e| e.to_string())?;
+    socket.set_read_timeout(Some(remaining)).map_err(failed)?;
     let never_stopped = AtomicBool::new(false);
     // Exact reads: whatever follows the handshake belongs to the connection's receiver.
     let outcome =
         FrameReader::exact(HANDSHAKE_MAX_PAYLOAD).read_frame(&mut &*socket, &never_stopped);
-    socket.set_read_timeout(None).map_err(|e| e.to_string())?;
+    socket.set_read_timeout(None).map_err(failed)?;
     match outcome {
         Ok(ReadOutcome::Frame(f)) => Ok(f),
-        Ok(ReadOutcome::CleanEof) => Err("peer closed the connection during the handshake".into()),
-        Ok(ReadOutcome::Truncated { got, expected, .. }) => Err(format!(
-            "handshake frame truncated: {got} of {expected} bytes"
+        Ok(ReadOutcome::CleanEof) => Err(ControlError::Failed(
+            "peer closed the connection during the handshake".into(),
         )),
-        Ok(ReadOutcome::LocalShutdown) => Err("shut down during the handshake".into()),
+        Ok(ReadOutcome::Truncated { got, expected, .. }) => Err(ControlError::Failed(format!(
+            "handshake frame truncated: {got} of {expected} bytes"
+        ))),
+        Ok(ReadOutcome::LocalShutdown) => Err(ControlError::Failed(
+            "shut down during the handshake".into(),
+        )),
         Err(ReadError::Io(e))
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ) =>
         {
-            Err(format!("{TIMED_OUT} waiting for the handshake"))
+            Err(ControlError::TimedOut("waiting for the handshake"))
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(ControlError::Failed(e.to_string())),
     }
 }

@@ -1,5 +1,6 @@
 //! What a host can do, and why a scenario's requirement is not met (a typed skip reason).
 
+use std::fmt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -10,7 +11,40 @@ use crate::model::requirement::{Requirement, SkipReason};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RdmaPort {
     pub port: u32,
-    pub state: String,
+    pub state: PortStatus,
+}
+
+/// A port's state as sysfs reports it, typed (`ACTIVE` in JSON, as rdma-core prints it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PortStatus {
+    Down,
+    Init,
+    Armed,
+    Active,
+    Other(u32),
+}
+
+impl From<transport::rdma::discovery::PortState> for PortStatus {
+    fn from(s: transport::rdma::discovery::PortState) -> PortStatus {
+        use transport::rdma::discovery::PortState;
+        match s {
+            PortState::Down => PortStatus::Down,
+            PortState::Init => PortStatus::Init,
+            PortState::Armed => PortStatus::Armed,
+            PortState::Active => PortStatus::Active,
+            PortState::Other(n) => PortStatus::Other(n),
+        }
+    }
+}
+
+impl fmt::Display for PortStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortStatus::Other(n) => write!(f, "state {n}"),
+            s => write!(f, "{}", format!("{s:?}").to_uppercase()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -87,7 +121,7 @@ impl HostFacts {
                 let active = self
                     .rdma_devices
                     .iter()
-                    .any(|d| d.ports.iter().any(|p| p.state.contains("ACTIVE")));
+                    .any(|d| d.ports.iter().any(|p| p.state == PortStatus::Active));
                 if !active {
                     let names: Vec<_> = self.rdma_devices.iter().map(|d| d.name.as_str()).collect();
                     return skip(
@@ -155,7 +189,7 @@ fn read_trim(path: impl AsRef<Path>) -> Option<String> {
 
 /// RDMA devices as the transport's discovery sees them (one reading of sysfs for both).
 fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
-    use transport::rdma::discovery::{discover, DiscoveryError, PortState};
+    use transport::rdma::discovery::{discover, DiscoveryError};
     match discover(Path::new("/sys")) {
         Ok(devices) => {
             let devices = devices
@@ -167,13 +201,7 @@ fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
                         .iter()
                         .map(|p| RdmaPort {
                             port: p.number,
-                            state: match p.state {
-                                PortState::Active => "ACTIVE".into(),
-                                PortState::Down => "DOWN".into(),
-                                PortState::Init => "INIT".into(),
-                                PortState::Armed => "ARMED".into(),
-                                PortState::Other(n) => format!("state {n}"),
-                            },
+                            state: p.state.into(),
                         })
                         .collect(),
                     name: d.name,

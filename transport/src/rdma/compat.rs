@@ -21,7 +21,7 @@ use sideway::ibverbs::queue_pair::{
 };
 use sideway::ibverbs::AccessFlags;
 
-use super::rc::{status_name, CompletionCounts, RdmaError};
+use super::rc::{cm_io, cm_msg, CompletionCounts, RdmaError, WcStatus};
 
 const MSG_LEN: usize = 52;
 const RECV_WR: u64 = 1;
@@ -72,7 +72,7 @@ impl Dest {
 
     fn parse(bytes: &[u8]) -> Result<Dest, RdmaError> {
         let bad = || {
-            RdmaError::Cm(format!(
+            cm_msg(format!(
                 "not an rc_pingpong address: {:?}",
                 String::from_utf8_lossy(bytes)
             ))
@@ -171,9 +171,10 @@ pub fn run(role: Role, opts: &CompatOptions) -> Result<CompatOutcome, RdmaError>
                         std::thread::sleep(Duration::from_millis(100))
                     }
                     Err(e) => {
-                        return Err(RdmaError::Cm(format!(
-                            "connecting to ibv_rc_pingpong at {server}: {e}"
-                        )))
+                        return Err(cm_io(
+                            format!("connecting to ibv_rc_pingpong at {server}"),
+                            &e,
+                        ))
                     }
                 }
             };
@@ -206,7 +207,7 @@ pub fn run(role: Role, opts: &CompatOptions) -> Result<CompatOutcome, RdmaError>
     let mut msg = [0u8; MSG_LEN];
     stream
         .read_exact(&mut msg)
-        .map_err(|e| RdmaError::Cm(format!("reading the peer's address: {e}")))?;
+        .map_err(|e| cm_io("reading the peer's address".into(), &e))?;
     let remote = Dest::parse(&msg)?;
     connect_qp(&mut qp, opts, &local, &remote)?;
     match role {
@@ -216,7 +217,7 @@ pub fn run(role: Role, opts: &CompatOptions) -> Result<CompatOutcome, RdmaError>
             let mut done = [0u8; 5];
             stream
                 .read_exact(&mut done)
-                .map_err(|e| RdmaError::Cm(format!("waiting for \"done\": {e}")))?;
+                .map_err(|e| cm_io("waiting for \"done\"".into(), &e))?;
         }
     }
 
@@ -254,13 +255,10 @@ pub fn run(role: Role, opts: &CompatOptions) -> Result<CompatOutcome, RdmaError>
             continue;
         }
         for (wr, status) in got {
-            let name = status_name(status);
-            *counts.0.entry(name).or_default() += 1;
-            if name != "SUCCESS" {
-                return Err(RdmaError::Completion {
-                    status: name.into(),
-                    wr_id: wr,
-                });
+            let status = WcStatus::from_raw(status);
+            *counts.0.entry(status).or_default() += 1;
+            if !status.is_success() {
+                return Err(RdmaError::Completion { status, wr_id: wr });
             }
             if wr == SEND_WR {
                 sent += 1;

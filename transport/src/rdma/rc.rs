@@ -23,8 +23,9 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum RdmaError {
-    #[error("rdma_cm: {0}")]
-    Cm(String),
+    /// An rdma_cm call or the out-of-band exchange failed; `errno` when the OS gave one.
+    #[error("rdma_cm: {context}{}", errno.map(|e| format!(" (errno {e})")).unwrap_or_default())]
+    Cm { context: String, errno: Option<i32> },
     #[error("verbs: {0}")]
     Verbs(String),
     #[error("timed out after {after:?} while {during}")]
@@ -41,7 +42,7 @@ pub enum RdmaError {
     #[error("the peer disconnected")]
     Disconnected,
     #[error("work completion failed: {status} (wr {wr_id})")]
-    Completion { status: String, wr_id: u64 },
+    Completion { status: WcStatus, wr_id: u64 },
     #[error("message of {len} bytes exceeds the {max}-byte slots")]
     TooLong { len: usize, max: usize },
     #[error("the peer has not advertised a write target")]
@@ -57,8 +58,53 @@ pub enum RdmaError {
     },
 }
 
-fn cm(e: impl std::fmt::Display) -> RdmaError {
-    RdmaError::Cm(e.to_string())
+/// An rdma_cm failure with the errno found in its cause chain.
+pub(crate) fn cm<E: std::error::Error + 'static>(e: E) -> RdmaError {
+    RdmaError::Cm {
+        context: e.to_string(),
+        errno: errno_of(&e),
+    }
+}
+
+/// An rdma_cm failure described in words (no OS error behind it).
+pub(crate) fn cm_msg(context: impl Into<String>) -> RdmaError {
+    RdmaError::Cm {
+        context: context.into(),
+        errno: None,
+    }
+}
+
+/// An out-of-band exchange failure on a socket, with its errno.
+pub(crate) fn cm_io(context: String, e: &std::io::Error) -> RdmaError {
+    RdmaError::Cm {
+        context: format!("{context}: {e}"),
+        errno: e.raw_os_error(),
+    }
+}
+
+fn errno_of(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(e);
+    while let Some(x) = cur {
+        if let Some(io) = x.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error();
+        }
+        cur = x.source();
+    }
+    None
+}
+
+impl RdmaError {
+    /// The OS error number behind an rdma_cm failure, when there is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            RdmaError::Cm { errno, .. } => *errno,
+            _ => None,
+        }
+    }
+
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, RdmaError::Timeout { .. })
+    }
 }
 
 fn verbs(e: impl std::fmt::Display) -> RdmaError {
@@ -84,44 +130,97 @@ impl Default for RcOptions {
     }
 }
 
-/// Completion outcomes by status name (`SUCCESS`, `RETRY_EXC_ERR`, ...).
+/// A work completion's status, as rdma-core names it (`ibv_wc_status_str`'s short forms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WcStatus {
+    Success,
+    LocLenErr,
+    LocQpOpErr,
+    LocProtErr,
+    WrFlushErr,
+    BadRespErr,
+    LocAccessErr,
+    RemInvReqErr,
+    RemAccessErr,
+    RemOpErr,
+    RetryExcErr,
+    RnrRetryExcErr,
+    RemAbortErr,
+    FatalErr,
+    RespTimeoutErr,
+    GeneralErr,
+    Other(u32),
+}
+
+impl WcStatus {
+    pub fn from_raw(status: u32) -> WcStatus {
+        use WorkCompletionStatus::*;
+        match WorkCompletionStatus::from(status) {
+            Success => WcStatus::Success,
+            LocalLengthError => WcStatus::LocLenErr,
+            LocalQueuePairOperationError => WcStatus::LocQpOpErr,
+            LocalProtectionError => WcStatus::LocProtErr,
+            WorkRequestFlushedError => WcStatus::WrFlushErr,
+            BadResponseError => WcStatus::BadRespErr,
+            LocalAccessError => WcStatus::LocAccessErr,
+            RemoteInvalidRequestError => WcStatus::RemInvReqErr,
+            RemoteAccessError => WcStatus::RemAccessErr,
+            RemoteOperationError => WcStatus::RemOpErr,
+            RetryCounterExceededError => WcStatus::RetryExcErr,
+            ResponderNotReadyRetryCounterExceededError => WcStatus::RnrRetryExcErr,
+            RemoteAbortedError => WcStatus::RemAbortErr,
+            FatalError => WcStatus::FatalErr,
+            ResponseTimeoutError => WcStatus::RespTimeoutErr,
+            GeneralError => WcStatus::GeneralErr,
+            _ => WcStatus::Other(status),
+        }
+    }
+
+    pub fn is_success(self) -> bool {
+        self == WcStatus::Success
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            WcStatus::Success => "SUCCESS",
+            WcStatus::LocLenErr => "LOC_LEN_ERR",
+            WcStatus::LocQpOpErr => "LOC_QP_OP_ERR",
+            WcStatus::LocProtErr => "LOC_PROT_ERR",
+            WcStatus::WrFlushErr => "WR_FLUSH_ERR",
+            WcStatus::BadRespErr => "BAD_RESP_ERR",
+            WcStatus::LocAccessErr => "LOC_ACCESS_ERR",
+            WcStatus::RemInvReqErr => "REM_INV_REQ_ERR",
+            WcStatus::RemAccessErr => "REM_ACCESS_ERR",
+            WcStatus::RemOpErr => "REM_OP_ERR",
+            WcStatus::RetryExcErr => "RETRY_EXC_ERR",
+            WcStatus::RnrRetryExcErr => "RNR_RETRY_EXC_ERR",
+            WcStatus::RemAbortErr => "REM_ABORT_ERR",
+            WcStatus::FatalErr => "FATAL_ERR",
+            WcStatus::RespTimeoutErr => "RESP_TIMEOUT_ERR",
+            WcStatus::GeneralErr => "GENERAL_ERR",
+            WcStatus::Other(n) => return write!(f, "status {n}"),
+        };
+        f.write_str(name)
+    }
+}
+
+/// Completion outcomes by status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CompletionCounts(pub BTreeMap<&'static str, u64>);
+pub struct CompletionCounts(pub BTreeMap<WcStatus, u64>);
 
 impl CompletionCounts {
-    pub fn get(&self, status: &str) -> u64 {
-        self.0.get(status).copied().unwrap_or(0)
+    pub fn get(&self, status: WcStatus) -> u64 {
+        self.0.get(&status).copied().unwrap_or(0)
     }
 
     pub fn errors(&self) -> u64 {
         self.0
             .iter()
-            .filter(|(k, _)| **k != "SUCCESS")
+            .filter(|(k, _)| !k.is_success())
             .map(|(_, v)| v)
             .sum()
-    }
-}
-
-pub fn status_name(status: u32) -> &'static str {
-    use WorkCompletionStatus::*;
-    match WorkCompletionStatus::from(status) {
-        Success => "SUCCESS",
-        LocalLengthError => "LOC_LEN_ERR",
-        LocalQueuePairOperationError => "LOC_QP_OP_ERR",
-        LocalProtectionError => "LOC_PROT_ERR",
-        WorkRequestFlushedError => "WR_FLUSH_ERR",
-        BadResponseError => "BAD_RESP_ERR",
-        LocalAccessError => "LOC_ACCESS_ERR",
-        RemoteInvalidRequestError => "REM_INV_REQ_ERR",
-        RemoteAccessError => "REM_ACCESS_ERR",
-        RemoteOperationError => "REM_OP_ERR",
-        RetryCounterExceededError => "RETRY_EXC_ERR",
-        ResponderNotReadyRetryCounterExceededError => "RNR_RETRY_EXC_ERR",
-        RemoteAbortedError => "REM_ABORT_ERR",
-        FatalError => "FATAL_ERR",
-        ResponseTimeoutError => "RESP_TIMEOUT_ERR",
-        GeneralError => "GENERAL_ERR",
-        _ => "OTHER_ERR",
     }
 }
 
@@ -255,7 +354,7 @@ fn expect_event(
             status,
         });
     }
-    id.ok_or_else(|| cm("event without an identifier"))
+    id.ok_or_else(|| cm_msg("event without an identifier"))
 }
 
 /// Passive side: listens on one address.
@@ -424,7 +523,7 @@ impl RcConnection {
         }
         let ctx = id
             .get_device_context()
-            .ok_or_else(|| cm("the identifier has no device yet"))?;
+            .ok_or_else(|| cm_msg("the identifier has no device yet"))?;
         let pd = ctx.alloc_pd().map_err(verbs)?;
         // The basic CQ: the extended one (ibv_start_poll) kept returning the same completion on
         // rxe with Debian 12's rdma-core.
@@ -565,7 +664,7 @@ impl RcConnection {
                 self.peer_target = Some((r.addr, r.rkey, r.len));
                 Ok(())
             }
-            other => Err(cm(format!(
+            other => Err(cm_msg(format!(
                 "expected the peer's write target, got {other:?}"
             ))),
         }
@@ -810,13 +909,10 @@ impl RcConnection {
             }
             idle = 0;
             for (wr_id, status, len, opcode, imm) in got {
-                let name = status_name(status);
-                *self.counts.0.entry(name).or_default() += 1;
-                if name != "SUCCESS" {
-                    return Err(RdmaError::Completion {
-                        status: name.to_string(),
-                        wr_id,
-                    });
+                let status = WcStatus::from_raw(status);
+                *self.counts.0.entry(status).or_default() += 1;
+                if !status.is_success() {
+                    return Err(RdmaError::Completion { status, wr_id });
                 }
                 match wr_id {
                     SEND_WR | WRITE_WR => self.send_done = true,

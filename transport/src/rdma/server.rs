@@ -22,7 +22,7 @@ use sideway::rdmacm::communication_manager::{
     ConnectionParameter, EventChannel, EventType, Identifier, PortSpace,
 };
 
-use super::rc::{Buffers, RcConnection, RcOptions, RdmaError, Received};
+use super::rc::{cm as cm_error, Buffers, RcConnection, RcOptions, RdmaError, Received};
 
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -92,15 +92,18 @@ impl RdmaServer {
     /// Listen on every configured interface (all on `opts.port`) and start serving: every
     /// message a client SENDs is echoed back.
     pub fn start(opts: ServerOptions) -> Result<RdmaServer, RdmaError> {
-        let channel = EventChannel::new().map_err(|e| RdmaError::Cm(e.to_string()))?;
+        let channel = EventChannel::new().map_err(cm_error)?;
         let mut listeners = vec![];
         for (index, ip) in opts.interfaces.iter().enumerate() {
-            let id = channel
-                .create_id(PortSpace::Tcp)
-                .map_err(|e| RdmaError::Cm(e.to_string()))?;
-            id.bind_addr(SocketAddr::new(*ip, opts.port))
-                .map_err(|e| RdmaError::Cm(format!("binding {ip}: {e}")))?;
-            id.listen(64).map_err(|e| RdmaError::Cm(e.to_string()))?;
+            let id = channel.create_id(PortSpace::Tcp).map_err(cm_error)?;
+            id.bind_addr(SocketAddr::new(*ip, opts.port)).map_err(|e| {
+                let mut err = cm_error(e);
+                if let RdmaError::Cm { context, .. } = &mut err {
+                    *context = format!("binding {ip}: {}", context);
+                }
+                err
+            })?;
+            id.listen(64).map_err(cm_error)?;
             // The index into the configured list, saved with the listener.
             id.setup_context(index);
             listeners.push(id);
@@ -123,7 +126,7 @@ impl RdmaServer {
             std::thread::Builder::new()
                 .name("wringer-rdma-cm".into())
                 .spawn(move || cm_loop(&channel, &listeners, &shared, &opts))
-                .map_err(|e| RdmaError::Cm(e.to_string()))?
+                .map_err(cm_error)?
         };
         let stats = {
             let shared = Arc::clone(&shared);
@@ -131,7 +134,7 @@ impl RdmaServer {
             std::thread::Builder::new()
                 .name("wringer-rdma-stats".into())
                 .spawn(move || stats_loop(&shared, period))
-                .map_err(|e| RdmaError::Cm(e.to_string()))?
+                .map_err(cm_error)?
         };
         Ok(RdmaServer {
             shared,
@@ -312,9 +315,7 @@ fn accept(
         conn.post_ring()?;
         let mut param = ConnectionParameter::default();
         param.setup_qp_number(conn.qp_number());
-        conn.identifier()
-            .accept(param)
-            .map_err(|e| RdmaError::Cm(e.to_string()))
+        conn.identifier().accept(param).map_err(cm_error)
     })();
     match ready {
         Ok(()) => Ok(conn),

@@ -12,18 +12,12 @@ use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::gpu_support::*;
-use super::{check_sizes, StepKind};
-use crate::model::duration::Dur;
+use super::StepKind;
 use crate::model::metric::{Metric, Series};
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct GpuPingpongRdma {
-    pub sizes: Vec<u32>,
-    pub iterations: u32,
-    pub stream_messages: u32,
-    pub deadline: Dur,
-}
+#[serde(transparent)]
+pub struct GpuPingpongRdma(pub GpuParams);
 
 impl StepKind for GpuPingpongRdma {
     fn metrics(&self) -> &'static [Metric] {
@@ -42,36 +36,21 @@ impl StepKind for GpuPingpongRdma {
     }
 
     fn deadline(&self) -> Duration {
-        self.deadline.0
+        self.0.deadline.0
     }
 
     fn check(&self, _ranks: u32) -> Result<(), String> {
-        check_sizes(&self.sizes, self.iterations)
+        self.0.check()
     }
 
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
-        rdma(
-            ctx,
-            step,
-            &Plan {
-                sizes: &self.sizes,
-                iterations: self.iterations,
-                stream_messages: self.stream_messages,
-            },
-            self.deadline.0,
-            report,
-        )
+        rdma(ctx, step, &self.0, report)
     }
 }
 
-pub fn rdma(
-    ctx: &Ctx,
-    step: usize,
-    plan: &Plan,
-    deadline: Duration,
-    report: &mut StepReport,
-) -> Result<()> {
-    if ctx.rank > 1 {
+pub fn rdma(ctx: &Ctx, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+    let deadline = plan.deadline.0;
+    if !ctx.in_pair() {
         return Ok(());
     }
     let gpu = open(ctx, report)?;
@@ -101,7 +80,7 @@ pub fn rdma(
         host_mismatches: kernel_self_check(&gpu, tx.device_mut(), max.min(1 << 20), ctx.seed)?,
         ..Tally::default()
     };
-    for &size in plan.sizes {
+    for &size in &plan.sizes {
         let size = size as usize;
         for it in 0..plan.iterations {
             let s = seed(ctx, step, size, it, false);
@@ -160,7 +139,7 @@ pub fn rdma(
     }
     t.messages += plan.stream_messages;
     super::rdma_support::counts_into(&c, report);
-    super::rdma_support::barrier(ctx, step, "gpu-done", deadline)?;
+    ctx.pair_barrier(step, "gpu-done", deadline)?;
     drop((tx, rx));
     t.into_report(report);
     Ok(())

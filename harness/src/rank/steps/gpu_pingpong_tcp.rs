@@ -12,18 +12,12 @@ use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::gpu_support::*;
-use super::{check_sizes, StepKind};
-use crate::model::duration::Dur;
+use super::StepKind;
 use crate::model::metric::{Metric, Series};
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct GpuPingpongTcp {
-    pub sizes: Vec<u32>,
-    pub iterations: u32,
-    pub stream_messages: u32,
-    pub deadline: Dur,
-}
+#[serde(transparent)]
+pub struct GpuPingpongTcp(pub GpuParams);
 
 impl StepKind for GpuPingpongTcp {
     fn metrics(&self) -> &'static [Metric] {
@@ -40,36 +34,21 @@ impl StepKind for GpuPingpongTcp {
     }
 
     fn deadline(&self) -> Duration {
-        self.deadline.0
+        self.0.deadline.0
     }
 
     fn check(&self, _ranks: u32) -> Result<(), String> {
-        check_sizes(&self.sizes, self.iterations)
+        self.0.check()
     }
 
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
-        tcp(
-            ctx,
-            step,
-            &Plan {
-                sizes: &self.sizes,
-                iterations: self.iterations,
-                stream_messages: self.stream_messages,
-            },
-            self.deadline.0,
-            report,
-        )
+        tcp(ctx, step, &self.0, report)
     }
 }
 
-pub fn tcp(
-    ctx: &Ctx,
-    step: usize,
-    plan: &Plan,
-    deadline: Duration,
-    report: &mut StepReport,
-) -> Result<()> {
-    if ctx.rank > 1 {
+pub fn tcp(ctx: &Ctx, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+    let deadline = plan.deadline.0;
+    if !ctx.in_pair() {
         return Ok(());
     }
     let gpu = open(ctx, report)?;
@@ -89,7 +68,7 @@ pub fn tcp(
         host_mismatches: kernel_self_check(&gpu, &mut tx, max.min(1 << 20), ctx.seed)?,
         ..Tally::default()
     };
-    for &size in plan.sizes {
+    for &size in &plan.sizes {
         let size = size as usize;
         for it in 0..plan.iterations {
             let s = seed(ctx, step, size, it, false);

@@ -5,20 +5,30 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use transport::gpu::{inventory, pattern, DeviceBuffer, Gpu};
 
+use crate::model::duration::Dur;
 use crate::model::metric::{Metric, Series};
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
+use serde::{Deserialize, Serialize};
 
-/// What a GPU step does: ping-pong at each size, then a one-way stream of the largest.
-pub struct Plan<'a> {
-    pub sizes: &'a [u32],
+/// What a GPU step does: ping-pong at each size, then `stream_messages` of the largest one
+/// way, for bandwidth. Both GPU step kinds take these parameters.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuParams {
+    pub sizes: Vec<u32>,
     pub iterations: u32,
     pub stream_messages: u32,
+    pub deadline: Dur,
 }
 
-impl Plan<'_> {
+impl GpuParams {
     pub(super) fn max(&self) -> usize {
         self.sizes.iter().copied().max().unwrap_or(1) as usize
+    }
+
+    pub(super) fn check(&self) -> Result<(), String> {
+        super::check_sizes(&self.sizes, self.iterations)
     }
 }
 

@@ -93,7 +93,7 @@ fn initiator_side(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    let b = |name: &str| barrier(ctx, step, name, deadline);
+    let b = |name: &str| ctx.pair_barrier(step, name, deadline);
     // no spurious timeout: connect well within the listener's wait, answer its ping later.
     let conn = initiate(ctx, step, 2, 0, deadline)?;
     let ping = conn.recv(deadline)?;
@@ -131,7 +131,7 @@ fn listener_side(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    let b = |name: &str| barrier(ctx, step, name, deadline);
+    let b = |name: &str| ctx.pair_barrier(step, name, deadline);
     let l = &ctx.listener;
     let m = &mut report.metrics;
 
@@ -238,10 +238,4 @@ fn listener_side(
     );
     b("done")?;
     Ok(())
-}
-
-/// The two sides of this step meet at named points so each case runs in order.
-fn barrier(ctx: &Ctx, step: usize, name: &str, deadline: Duration) -> Result<()> {
-    ctx.control
-        .barrier(&format!("lazy-{step}-{name}"), 2, deadline)
 }

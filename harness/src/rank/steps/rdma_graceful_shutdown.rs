@@ -65,7 +65,7 @@ pub fn graceful_shutdown(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    if ctx.rank > 1 {
+    if !ctx.in_pair() {
         return Ok(());
     }
     let server_ip = server_ip(ctx)?;
@@ -80,8 +80,8 @@ pub fn graceful_shutdown(
             pool,
             stats_period,
         })?;
-        barrier(ctx, step, "listening", deadline)?;
-        barrier(ctx, step, "clients-done", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
+        ctx.pair_barrier(step, "clients-done", deadline)?;
         // Every disconnect is handled by the server's CM loop; wait (bounded) for all of them.
         let served = wait_served(&server, connections as usize, deadline);
         let started = Instant::now();
@@ -101,7 +101,7 @@ pub fn graceful_shutdown(
             served.iter().all(|s| s.buffers_returned_after_join)
         ));
     } else {
-        barrier(ctx, step, "listening", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
         let mut mismatches = 0u32;
         for c in 0..connections {
             let mut conn = connect(addr, rc).with_context(|| format!("connection {c}"))?;
@@ -115,7 +115,7 @@ pub fn graceful_shutdown(
         report
             .metrics
             .insert(Metric::RdmaDataMismatches, mismatches as f64);
-        barrier(ctx, step, "clients-done", deadline)?;
+        ctx.pair_barrier(step, "clients-done", deadline)?;
     }
     Ok(())
 }

@@ -45,7 +45,7 @@ pub fn interface_index(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    if ctx.rank > 1 {
+    if !ctx.in_pair() {
         return Ok(());
     }
     let addresses = local_addresses();
@@ -64,8 +64,8 @@ pub fn interface_index(
             pool: 4,
             stats_period: Duration::from_millis(20),
         })?;
-        barrier(ctx, step, "listening", deadline)?;
-        barrier(ctx, step, "clients-done", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
+        ctx.pair_barrier(step, "clients-done", deadline)?;
         let served = wait_served(&server, addresses.len(), deadline);
         let mut mismatches = 0;
         for s in &served {
@@ -89,7 +89,7 @@ pub fn interface_index(
             .insert(Metric::RdmaInterfaceMismatches, mismatches as f64);
         server.shutdown();
     } else {
-        barrier(ctx, step, "listening", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
         for ip in &addresses {
             let mut conn = connect(SocketAddr::new(*ip, port(step)), rc)?;
             let msg = ip.to_string().into_bytes();
@@ -98,7 +98,7 @@ pub fn interface_index(
                 bail!("the echo from {ip} differs");
             }
         }
-        barrier(ctx, step, "clients-done", deadline)?;
+        ctx.pair_barrier(step, "clients-done", deadline)?;
     }
     Ok(())
 }

@@ -52,7 +52,7 @@ pub fn stream(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    if ctx.rank > 1 {
+    if !ctx.in_pair() {
         return Ok(());
     }
     let mut c = pair(ctx, step, size, deadline)?;
@@ -92,6 +92,6 @@ pub fn stream(
             .insert(Metric::RdmaDropped, (messages - received + corrupt) as f64);
     }
     counts_into(&c, report);
-    barrier(ctx, step, "done", deadline)?;
+    ctx.pair_barrier(step, "done", deadline)?;
     Ok(())
 }

@@ -51,7 +51,7 @@ pub fn peer_death(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    if ctx.rank > 1 {
+    if !ctx.in_pair() {
         return Ok(());
     }
     let mut c = pair(ctx, step, 4096, deadline)?;

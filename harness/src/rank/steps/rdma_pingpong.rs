@@ -65,7 +65,7 @@ pub fn pingpong(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    if ctx.rank > 1 {
+    if !ctx.in_pair() {
         return Ok(());
     }
     let max = sizes.iter().copied().max().unwrap_or(64);
@@ -120,7 +120,7 @@ pub fn pingpong(
         .metrics
         .insert(Metric::RdmaDataMismatches, mismatches as f64);
     counts_into(&c, report);
-    barrier(ctx, step, "done", deadline)?;
+    ctx.pair_barrier(step, "done", deadline)?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use transport::rdma::discovery::{discover, GidType, PortState};
+use transport::rdma::rc::WcStatus;
 use transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions};
 use transport::rdma::server::RdmaServer;
 
@@ -57,12 +58,6 @@ pub(super) fn port(step: usize) -> u16 {
     7471 + step as u16
 }
 
-/// Both ranks pass the step's barrier `name` (rank 0 and rank 1 only).
-pub(super) fn barrier(ctx: &Ctx, step: usize, name: &str, deadline: Duration) -> Result<()> {
-    ctx.control
-        .barrier(&format!("rdma-{step}-{name}"), 2, deadline)
-}
-
 /// Where rank 0 serves: its first active RoCE address.
 pub(super) fn server_ip(ctx: &Ctx) -> Result<IpAddr> {
     ctx.peers[0]
@@ -100,12 +95,12 @@ pub(super) fn pair(ctx: &Ctx, step: usize, max: u32, deadline: Duration) -> Resu
     if ctx.rank == 0 {
         let listener =
             RcListener::bind(addr, opts).with_context(|| format!("rdma_cm listen on {addr}"))?;
-        barrier(ctx, step, "listening", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
         Ok(listener
             .accept(deadline)
             .context("accepting the RC connection")?)
     } else {
-        barrier(ctx, step, "listening", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
         Ok(connect(addr, opts).with_context(|| format!("connecting to {addr}"))?)
     }
 }
@@ -114,9 +109,10 @@ pub(super) fn counts_into(c: &RcConnection, report: &mut StepReport) {
     report
         .metrics
         .insert(Metric::RdmaCompletionErrors, c.counts().errors() as f64);
-    report
-        .metrics
-        .insert(Metric::RetryExcErr, c.counts().get("RETRY_EXC_ERR") as f64);
+    report.metrics.insert(
+        Metric::RetryExcErr,
+        c.counts().get(WcStatus::RetryExcErr) as f64,
+    );
     report
         .notes
         .push(format!("rank completions by status: {:?}", c.counts().0));

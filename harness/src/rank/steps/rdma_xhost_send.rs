@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use transport::rdma::rc::WcStatus;
 use transport::rdma::rc::{connect, Received};
 use transport::rdma::server::{RdmaServer, ServerOptions};
 
@@ -61,7 +62,7 @@ pub fn xhost_send(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    if ctx.rank > 1 {
+    if !ctx.in_pair() {
         return Ok(());
     }
     let server_ip = server_ip(ctx)?;
@@ -76,8 +77,8 @@ pub fn xhost_send(
             pool: 2,
             stats_period: Duration::from_millis(100),
         })?;
-        barrier(ctx, step, "listening", deadline)?;
-        barrier(ctx, step, "clients-done", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
+        ctx.pair_barrier(step, "clients-done", deadline)?;
         // Serve until the timer, then shut down gracefully: the exit must follow the timer.
         let timer = started + server_seconds;
         while Instant::now() < timer {
@@ -100,7 +101,7 @@ pub fn xhost_send(
             .notes
             .push(format!("server on {server_ip}: {stats:?}"));
     } else {
-        barrier(ctx, step, "listening", deadline)?;
+        ctx.pair_barrier(step, "listening", deadline)?;
         let mut conn = connect(SocketAddr::new(server_ip, port(step)), rc)
             .with_context(|| format!("connecting to {server_ip} from the other host"))?;
         let (mut sent, mut echoes) = (0u32, 0u32);
@@ -116,7 +117,7 @@ pub fn xhost_send(
         report.metrics.insert(Metric::RdmaEchoes, echoes as f64);
         report.metrics.insert(
             Metric::RetryExcErr,
-            conn.counts().get("RETRY_EXC_ERR") as f64,
+            conn.counts().get(WcStatus::RetryExcErr) as f64,
         );
         report.notes.push(format!(
             "client {:?} -> {server_ip}: {:?}",
@@ -124,7 +125,7 @@ pub fn xhost_send(
             conn.counts().0
         ));
         drop(conn);
-        barrier(ctx, step, "clients-done", deadline)?;
+        ctx.pair_barrier(step, "clients-done", deadline)?;
     }
     Ok(())
 }
