@@ -239,9 +239,9 @@ struct RunContext<'a> {
 
 /// Everything the repeats of one scenario observed, before it is summarised.
 #[derive(Default)]
-struct Observed {
-    metrics: BTreeMap<Metric, Vec<f64>>,
-    samples: BTreeMap<SampleKey, Vec<f64>>,
+pub(crate) struct Observed {
+    pub(crate) metrics: BTreeMap<Metric, Vec<f64>>,
+    pub(crate) samples: BTreeMap<SampleKey, Vec<f64>>,
 }
 
 fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
@@ -356,7 +356,7 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
 }
 
 /// Metric summaries and latency percentiles, per metric and per series and size.
-fn summarise(result: &mut ScenarioResult, seen: Observed) {
+pub(crate) fn summarise(result: &mut ScenarioResult, seen: Observed) {
     for (k, v) in seen.metrics {
         let count = v.len();
         let (min, max) = v

@@ -5,3 +5,6 @@ pub mod bench;
 pub mod progress;
 pub mod report;
 pub mod site;
+
+#[cfg(test)]
+mod evidence_reaches_the_page;

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::steps::Step;
 use crate::model::metric::{Metric, SampleKey, Series};
 
 /// Environment variable that carries the run token to ranks (never on the command line, where
@@ -115,11 +114,13 @@ impl StepReport {
     }
 }
 
+/// What the coordinator sends a rank. Generic over the step type, so the protocol does not
+/// depend on the step kinds (the worker and the coordinator both use `rank::steps::Step`).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
-pub enum CoordMsg {
+pub enum CoordMsg<S> {
     Start {
-        steps: Vec<Step>,
+        steps: Vec<S>,
         peers: Vec<PeerAddrs>,
         seed: u64,
         token: String,

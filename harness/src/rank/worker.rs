@@ -48,17 +48,18 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
 
     stream.set_read_timeout(Some(START_TIMEOUT))?;
     let mut reader = BufReader::new(stream);
-    let (steps, peers, seed) =
-        match read_line::<_, CoordMsg>(&mut reader).context("waiting for the start message")? {
-            Some(CoordMsg::Start {
-                steps,
-                peers,
-                seed,
-                token: t,
-            }) if t == format!("{token:032x}") => (steps, peers, seed),
-            Some(other) => bail!("unexpected first message from the coordinator: {other:?}"),
-            None => bail!("the coordinator closed the rendezvous before starting"),
-        };
+    let (steps, peers, seed) = match read_line::<_, CoordMsg<steps::Step>>(&mut reader)
+        .context("waiting for the start message")?
+    {
+        Some(CoordMsg::Start {
+            steps,
+            peers,
+            seed,
+            token: t,
+        }) if t == format!("{token:032x}") => (steps, peers, seed),
+        Some(other) => bail!("unexpected first message from the coordinator: {other:?}"),
+        None => bail!("the coordinator closed the rendezvous before starting"),
+    };
     reader.get_ref().set_read_timeout(None)?;
 
     // The coordinator's releases arrive on their own thread. If the coordinator goes away, this
@@ -67,7 +68,7 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
     std::thread::Builder::new()
         .name("wringer-control".into())
         .spawn(move || loop {
-            match read_line::<_, CoordMsg>(&mut reader) {
+            match read_line::<_, CoordMsg<steps::Step>>(&mut reader) {
                 Ok(Some(CoordMsg::Release { name })) => {
                     let _ = tx.send(name);
                 }

@@ -258,7 +258,7 @@ fn drive(
                     }
                     Action::Release { rank, name } => {
                         if let Some(w) = writers[rank as usize].as_mut() {
-                            let _ = write_line(w, &CoordMsg::Release { name });
+                            let _ = write_line(w, &CoordMsg::<Step>::Release { name });
                         }
                     }
                     Action::Strike {

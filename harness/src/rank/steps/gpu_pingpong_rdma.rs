@@ -28,6 +28,7 @@ impl StepKind for GpuPingpongRdma {
             Metric::GpuBandwidthGbps,
             Metric::GpuDmabuf,
             Metric::RdmaCompletionErrors,
+            Metric::RetryExcErr,
         ]
     }
 

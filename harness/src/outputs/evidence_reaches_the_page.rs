@@ -1,0 +1,129 @@
+//! Every latency series and metric a step can record travels rank -> coordinator -> runner ->
+//! results.json -> the HTML page, and none is dropped on the way.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::report::ReportWriter;
+use super::site::{self, ReportOptions};
+use crate::hosts::probe;
+use crate::model::metric::{Metric, SampleKey, Series};
+use crate::model::result::{ScenarioResult, Verdict};
+use crate::orchestration::events::{Counts, Reporter, RunEvent, RunMeta};
+use crate::orchestration::policy;
+use crate::orchestration::runner::{summarise, Observed};
+use crate::rank::protocol::StepReport;
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("wringer-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn every_series_a_step_records_reaches_results_json_and_the_page() {
+    // What ranks would report: every series at two sizes, and a few metrics.
+    let mut seen = Observed::default();
+    for series in Series::ALL {
+        for size in [64u64, 65536] {
+            let mut r = StepReport::new(0);
+            r.sample(series, size, vec![10.0, 12.0, 30.0]);
+            for (k, v) in r.samples {
+                seen.samples.entry(k).or_default().extend(v);
+            }
+        }
+    }
+    seen.metrics.insert(Metric::RdmaMessages, vec![4.0]);
+    let mut result = policy::not_run(
+        "every-series",
+        Path::new("x.yaml"),
+        Verdict::Pass,
+        String::new(),
+    );
+    result.reason = None;
+    summarise(&mut result, seen);
+
+    let dir = temp_dir("series");
+    let meta = RunMeta::new("r1".into(), "local".into(), 1, vec![probe::local()], 1);
+    let mut writer = ReportWriter::default();
+    for e in [
+        RunEvent::Started {
+            meta: &meta,
+            dir: &dir,
+            scenarios: 1,
+        },
+        RunEvent::ScenarioFinished {
+            index: 0,
+            result: &result,
+            elapsed: Duration::ZERO,
+        },
+        RunEvent::Finished {
+            counts: Counts {
+                pass: 1,
+                ..Counts::default()
+            },
+            interrupted: false,
+            elapsed: Duration::ZERO,
+        },
+    ] {
+        writer.on_event(&e).unwrap();
+    }
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(json["schema"], 2);
+    let latency = &json["scenarios"][0]["latency"];
+    let back: ScenarioResult =
+        serde_json::from_value(json["scenarios"][0].clone()).expect("results.json reads back");
+    for series in Series::ALL {
+        for size in [64u64, 65536] {
+            let key = SampleKey { series, size };
+            assert!(
+                latency.get(key.to_string()).is_some(),
+                "{key} missing: {latency}"
+            );
+            assert!(back.latency.contains_key(&key));
+        }
+    }
+    assert!(json["scenarios"][0]["metrics"]["rdma_messages"].is_object());
+
+    let page = dir.join("index.html");
+    site::write(&ReportOptions {
+        runs: vec![dir.clone()],
+        history: dir.join("history.jsonl"),
+        out: page.clone(),
+        threshold: 0.2,
+    })
+    .unwrap();
+    let html = std::fs::read_to_string(&page).unwrap();
+    for series in Series::ALL {
+        assert!(
+            html.contains(&format!(
+                "every-series (local): {} by message size",
+                series.title()
+            )),
+            "the page has no chart for {series:?}"
+        );
+    }
+    assert!(html.contains("rdma_messages"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_results_json_from_before_schema_2_still_reads() {
+    let old = r#"{"run_id":"old","host_profile":"local","started_unix":1,"scenarios":[
+        {"name":"pp","file":"s.yaml","verdict":"pass","reason":null,"duration_s":1.0,
+         "repeats":1,"repeats_failed":0,"metrics":{"pairs_verified":{"min":1,"max":1,"mean":1,"count":1}},
+         "latency":{"64":{"p50_us":5.0,"p99_us":9.0,"count":10,"histogram":[]}},
+         "evidence":{}}]}"#;
+    let dir = temp_dir("old-schema");
+    std::fs::write(dir.join("results.json"), old).unwrap();
+    let run = site::load_run(&dir).expect("an old results.json reads");
+    let key = SampleKey {
+        series: Series::Latency,
+        size: 64,
+    };
+    assert_eq!(run.scenarios[0].latency[&key].p50_us, 5.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

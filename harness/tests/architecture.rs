@@ -1,0 +1,249 @@
+//! The harness's shape, checked from its source: imports go one way through the layers with no
+//! cycle between modules, and every step kind records only the evidence it declares.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const LAYERS: [&str; 5] = ["model", "hosts", "rank", "orchestration", "outputs"];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `layer::module` for a file under src/ (None for lib.rs, main.rs and a layer's mod.rs).
+fn module_of(rel: &Path) -> Option<(String, String)> {
+    let parts: Vec<String> = rel
+        .iter()
+        .map(|c| c.to_string_lossy().trim_end_matches(".rs").to_string())
+        .collect();
+    match parts.as_slice() {
+        [layer, m] if m != "mod" => Some((layer.clone(), m.clone())),
+        [layer, m, ..] => Some((layer.clone(), m.clone())),
+        _ => None,
+    }
+}
+
+/// Every `layer::module` this file refers to, through `crate::` or `super::`.
+fn references(rel: &Path, text: &str) -> BTreeSet<(String, String)> {
+    let mut out = BTreeSet::new();
+    let code: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let words = |prefix: &str| -> Vec<Vec<String>> {
+        code.match_indices(prefix)
+            .map(|(i, _)| {
+                code[i + prefix.len()..]
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .next()
+                    .unwrap_or("")
+                    .split("::")
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .collect()
+    };
+    for path in words("crate::") {
+        if path.len() >= 2 && LAYERS.contains(&path[0].as_str()) {
+            out.insert((path[0].clone(), path[1].clone()));
+        }
+    }
+    // `super::x` from a layer's direct child (layer/m.rs or layer/m/mod.rs) names a sibling.
+    let parts: Vec<_> = rel.iter().collect();
+    let direct_child = parts.len() == 2 || (parts.len() == 3 && parts[2] == "mod.rs");
+    if direct_child {
+        for path in words("super::") {
+            if let Some(m) = path.first() {
+                out.insert((parts[0].to_string_lossy().into(), m.clone()));
+            }
+        }
+    }
+    out
+}
+
+fn layer_index(layer: &str) -> usize {
+    LAYERS.iter().position(|l| *l == layer).unwrap()
+}
+
+#[test]
+fn imports_go_one_way_and_no_modules_form_a_cycle() {
+    let mut files = vec![];
+    rust_files(&src(), &mut files);
+    let mut graph: BTreeMap<(String, String), BTreeSet<(String, String)>> = BTreeMap::new();
+    let mut upward = vec![];
+    for f in &files {
+        let rel = f.strip_prefix(src()).unwrap();
+        let Some(me) = module_of(rel) else { continue };
+        let text = std::fs::read_to_string(f).unwrap();
+        for dep in references(rel, &text) {
+            if dep == me || !LAYERS.contains(&dep.0.as_str()) {
+                continue;
+            }
+            if layer_index(&dep.0) > layer_index(&me.0) {
+                upward.push(format!("{} imports {}::{}", rel.display(), dep.0, dep.1));
+            }
+            graph.entry(me.clone()).or_default().insert(dep);
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports against the layer order:\n{}",
+        upward.join("\n")
+    );
+    assert!(
+        graph.len() > 20,
+        "the scan found too few modules: {graph:?}"
+    );
+
+    // Depth-first search for a cycle.
+    fn visit(
+        n: &(String, String),
+        g: &BTreeMap<(String, String), BTreeSet<(String, String)>>,
+        state: &mut BTreeMap<(String, String), u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match state.get(n) {
+            Some(1) => return Some(path.clone()),
+            Some(2) => return None,
+            _ => {}
+        }
+        state.insert(n.clone(), 1);
+        path.push(format!("{}::{}", n.0, n.1));
+        for d in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(d, g, state, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        state.insert(n.clone(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in graph.keys() {
+        let cycle = visit(n, &graph, &mut state, &mut vec![]);
+        assert!(
+            cycle.is_none(),
+            "import cycle: {}",
+            cycle.unwrap().join(" -> ")
+        );
+    }
+}
+
+/// `Kind::Name` words in `text`.
+fn named(text: &str, kind: &str) -> BTreeSet<String> {
+    let prefix = format!("{kind}::");
+    text.match_indices(&prefix)
+        .map(|(i, _)| {
+            text[i + prefix.len()..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric())
+                .collect::<String>()
+        })
+        .filter(|w| w.chars().next().is_some_and(|c| c.is_uppercase()))
+        .collect()
+}
+
+/// The body of `fn name` (up to the next `fn `), or "".
+fn body<'a>(text: &'a str, name: &str) -> &'a str {
+    let Some(start) = text.find(&format!("fn {name}(")) else {
+        return "";
+    };
+    let rest = &text[start + 3..];
+    &rest[..rest.find("fn ").unwrap_or(rest.len())]
+}
+
+#[test]
+fn every_step_kind_records_only_what_it_declares() {
+    let steps = src().join("rank/steps");
+    let read = |f: &str| std::fs::read_to_string(steps.join(f)).unwrap();
+    // Helpers the kinds share, by function: what each records.
+    let mut helpers: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    for f in [
+        "support.rs",
+        "rdma_support.rs",
+        "gpu_support.rs",
+        "raw_peer.rs",
+    ] {
+        let text = read(f);
+        for (i, _) in text.match_indices("fn ") {
+            let name: String = text[i + 3..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let b = body(&text, &name);
+            helpers.insert(name, (named(b, "Metric"), named(b, "Series")));
+        }
+    }
+    let mut kinds = 0;
+    let mut entries: Vec<_> = std::fs::read_dir(&steps)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let text = std::fs::read_to_string(&path).unwrap();
+        if !text.contains("impl StepKind for") {
+            continue;
+        }
+        kinds += 1;
+        let declared_m = named(body(&text, "metrics"), "Metric");
+        let declared_s = named(body(&text, "series"), "Series");
+        let rest = text
+            .replace(body(&text, "metrics"), "")
+            .replace(body(&text, "series"), "");
+        let mut recorded_m = named(&rest, "Metric");
+        let mut recorded_s = named(&rest, "Series");
+        for (name, (m, s)) in &helpers {
+            if rest.contains(&format!("{name}(")) {
+                recorded_m.extend(m.iter().cloned());
+                recorded_s.extend(s.iter().cloned());
+            }
+        }
+        let file = path.file_name().unwrap().to_string_lossy();
+        let stray_m: Vec<_> = recorded_m.difference(&declared_m).collect();
+        let stray_s: Vec<_> = recorded_s.difference(&declared_s).collect();
+        assert!(
+            stray_m.is_empty(),
+            "{file} records undeclared metrics {stray_m:?}"
+        );
+        assert!(
+            stray_s.is_empty(),
+            "{file} samples undeclared series {stray_s:?}"
+        );
+    }
+    assert_eq!(kinds, 19, "every registered step kind is a file of its own");
+}
+
+#[test]
+fn every_registered_kind_has_its_own_file() {
+    let registry = std::fs::read_to_string(src().join("rank/steps/mod.rs")).unwrap();
+    let lines: Vec<&str> = registry
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_uppercase()) && l.contains(") = \""))
+        .collect();
+    assert_eq!(lines.len(), 19, "{lines:?}");
+    for l in lines {
+        // `    Name(file::Name) = "kind-name",`
+        let file = l.split('(').nth(1).unwrap().split("::").next().unwrap();
+        let kind = l.split('"').nth(1).unwrap();
+        assert_eq!(
+            file.replace('_', "-"),
+            kind,
+            "kind `{kind}` lives in {file}.rs"
+        );
+        assert!(src().join(format!("rank/steps/{file}.rs")).is_file());
+    }
+}
