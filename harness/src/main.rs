@@ -8,8 +8,9 @@ use clap::{Parser, Subcommand};
 use harness::hosts::{placement, probe, profile as hosts};
 use harness::model::input::InputError;
 use harness::model::scenario;
+use harness::orchestration::policy::{Decision, Policy};
 use harness::orchestration::runner;
-use harness::outputs::progress::Progress;
+use harness::outputs::progress::{printable, Progress};
 use harness::outputs::report::ReportWriter;
 use harness::outputs::{bench, site};
 use harness::rank::steps::{self, Loaded};
@@ -140,7 +141,14 @@ fn main() -> ExitCode {
         })(),
         Command::List { paths, hosts } => (|| {
             let profile = hosts::load(&hosts)?;
-            let facts = probe::local();
+            // This machine's facts, judged by the same policy a run uses.
+            let facts = [probe::local()];
+            let policy = Policy {
+                profile: &profile,
+                facts: &facts,
+                strict: false,
+                host_control: profile.kind == hosts::ProfileKind::Containers,
+            };
             for l in load_all(&paths)? {
                 let s = &l.scenario;
                 let reqs: Vec<String> = s
@@ -148,17 +156,14 @@ fn main() -> ExitCode {
                     .iter()
                     .map(|r| format!("{r:?}").to_lowercase())
                     .collect();
-                let verdict = match s
-                    .requires
-                    .iter()
-                    .find_map(|r| facts.check(*r, &profile).err())
-                {
-                    None => "runnable".to_string(),
-                    Some(reason) => format!("skip ({reason})"),
+                let verdict = match policy.decide(s) {
+                    Decision::Run => "runnable".to_string(),
+                    Decision::Skip(reason) => format!("skip ({})", printable(&reason)),
+                    Decision::Fail(reason) => format!("fail ({})", printable(&reason)),
                 };
                 harness::say!(
                     "{:<42} ranks={:<3} requires=[{}]  {verdict}",
-                    s.name,
+                    printable(&s.name),
                     s.ranks.value,
                     reqs.join(", ")
                 );

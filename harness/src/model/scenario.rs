@@ -15,10 +15,13 @@ use super::input::{located, InputError};
 use super::metric::{Bound, Metric, Series};
 use super::requirement::Requirement;
 
+/// A step's kind name as YAML spells it (`teardown-cycles`); the registry knows it.
+pub trait Named {
+    fn name(&self) -> &'static str;
+}
+
 /// What a step kind declares about itself, so a scenario can be checked before anything runs.
 pub trait StepSpec {
-    /// The kind's name in YAML (`teardown-cycles`).
-    fn name(&self) -> &'static str;
     /// Every metric the step records; recording another one is an error.
     fn metrics(&self) -> &'static [Metric];
     /// Every latency series the step samples.
@@ -139,7 +142,7 @@ impl<S: Clone> Loaded<S> {
 }
 
 /// Parse and check one scenario file.
-pub fn load<S: StepSpec + DeserializeOwned>(path: &Path) -> Result<Loaded<S>, InputError> {
+pub fn load<S: StepSpec + Named + DeserializeOwned>(path: &Path) -> Result<Loaded<S>, InputError> {
     let text = std::fs::read_to_string(path).map_err(|e| InputError::io(path, e))?;
     let scenario: Scenario<S> = super::input::parse_yaml(path, &text)?;
     check(path, &scenario)?;
@@ -149,7 +152,7 @@ pub fn load<S: StepSpec + DeserializeOwned>(path: &Path) -> Result<Loaded<S>, In
     })
 }
 
-fn check<S: StepSpec>(path: &Path, s: &Scenario<S>) -> Result<(), InputError> {
+fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputError> {
     let ranks = s.ranks.value;
     if !(1..=256).contains(&ranks) {
         return Err(located(

@@ -112,3 +112,137 @@ fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::hosts::profile;
+    use crate::rank::steps::{self, Loaded};
+
+    fn repo(p: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+    }
+
+    /// A host without RDMA or GPU.
+    fn bare() -> HostFacts {
+        let mut f = crate::hosts::probe::local();
+        f.rdma_absent = Some("/sys/class/infiniband is absent".into());
+        f.rdma_devices = vec![];
+        f.gpus = vec![];
+        f.gpu_absent = Some("no NVIDIA driver".into());
+        f
+    }
+
+    fn scenario(name: &str) -> Loaded {
+        steps::load(&repo(&format!("scenarios/{name}.yaml"))).unwrap()
+    }
+
+    fn decide(profile: &str, strict: bool, host_control: bool, s: &str) -> Decision {
+        let p = profile::load(&repo(&format!("hosts/{profile}.yaml"))).unwrap();
+        let facts = [bare()];
+        let policy = Policy {
+            profile: &p,
+            facts: &facts,
+            strict,
+            host_control,
+        };
+        policy.decide(&scenario(s).scenario)
+    }
+
+    #[test]
+    fn a_scenario_whose_requirements_are_met_runs() {
+        assert_eq!(
+            decide("local", false, false, "tcp-exact-reads"),
+            Decision::Run
+        );
+    }
+
+    #[test]
+    fn missing_hardware_is_a_typed_skip() {
+        let Decision::Skip(why) = decide("local", false, false, "rdma-pingpong") else {
+            panic!("expected a skip")
+        };
+        assert!(why.starts_with("no-rdma-device:"), "{why}");
+    }
+
+    #[test]
+    fn strict_turns_every_skip_into_a_failure() {
+        let Decision::Fail(why) = decide("local", true, false, "rdma-pingpong") else {
+            panic!("expected a failure")
+        };
+        assert!(why.contains("--strict"), "{why}");
+    }
+
+    #[test]
+    fn hardware_the_profile_must_have_fails_when_missing() {
+        let Decision::Fail(why) = decide("rxe", false, false, "rdma-pingpong") else {
+            panic!("expected a failure")
+        };
+        assert!(why.contains("must_have"), "{why}");
+    }
+
+    #[test]
+    fn a_host_level_fault_without_host_control_is_skipped() {
+        let s = scenario("tcp-xhost-peer-host-death");
+        assert!(s
+            .scenario
+            .faults
+            .iter()
+            .any(|f| f.value.action.is_host_level()));
+        let p = profile::load(&repo("hosts/containers.yaml")).unwrap();
+        let mut a = bare();
+        a.host = "a".into();
+        let mut b = bare();
+        b.host = "b".into();
+        let facts = [a, b];
+        let mut policy = Policy {
+            profile: &p,
+            facts: &facts,
+            strict: false,
+            host_control: false,
+        };
+        let Decision::Skip(why) = policy.decide(&s.scenario) else {
+            panic!("expected a skip")
+        };
+        assert!(why.starts_with("no-host-control:"), "{why}");
+        policy.host_control = true;
+        assert_eq!(policy.decide(&s.scenario), Decision::Run);
+    }
+
+    #[test]
+    fn a_vm_that_cannot_run_here_is_a_skip_or_a_must_have_failure() {
+        let reason = || SkipReason {
+            code: "no-vm",
+            detail: "virtme-ng is not installed".into(),
+        };
+        let local = profile::load(&repo("hosts/local.yaml")).unwrap();
+        let rxe_vm = profile::load(&repo("hosts/rxe-vm.yaml")).unwrap();
+        let facts = [bare()];
+        let policy = |p| Policy {
+            profile: p,
+            facts: &facts,
+            strict: false,
+            host_control: false,
+        };
+        let rdma = [Requirement::Rdma];
+        assert!(matches!(
+            policy(&local).unmet(reason(), &rdma),
+            Decision::Skip(_)
+        ));
+        assert!(matches!(
+            policy(&rxe_vm).unmet(reason(), &rdma),
+            Decision::Fail(_)
+        ));
+        let not_run = policy(&local)
+            .unmet(reason(), &rdma)
+            .result("s", Path::new("s.yaml"))
+            .unwrap();
+        assert_eq!(not_run.verdict, Verdict::Skip);
+        assert_eq!(
+            not_run.reason.as_deref(),
+            Some("no-vm: virtme-ng is not installed")
+        );
+    }
+}

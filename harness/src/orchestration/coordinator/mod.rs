@@ -19,7 +19,7 @@ use nix::sys::signal::Signal;
 
 use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
-use crate::model::scenario::{Fault, FaultAction, StepSpec};
+use crate::model::scenario::{Fault, FaultAction, Named, StepSpec};
 use crate::orchestration::launcher::RankGroup;
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::Step;

@@ -17,6 +17,7 @@ use super::raw_peer::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -24,7 +25,7 @@ pub struct EofTruncation {
     pub deadline: Dur,
 }
 
-impl StepKind for EofTruncation {
+impl StepSpec for EofTruncation {
     fn metrics(&self) -> &'static [Metric] {
         &[Metric::EofCases, Metric::EofMisclassified]
     }
@@ -32,7 +33,9 @@ impl StepKind for EofTruncation {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for EofTruncation {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         eof_truncation(ctx, step, self.deadline.0, report)
     }

@@ -16,6 +16,7 @@ use super::raw_peer::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +26,7 @@ pub struct ExactReads {
     pub deadline: Dur,
 }
 
-impl StepKind for ExactReads {
+impl StepSpec for ExactReads {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::FramesIntact,
@@ -37,7 +38,9 @@ impl StepKind for ExactReads {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for ExactReads {
     fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
         exact_reads(
             ctx,

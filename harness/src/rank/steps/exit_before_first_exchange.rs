@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +23,7 @@ pub struct ExitBeforeFirstExchange {
     pub deadline: Dur,
 }
 
-impl StepKind for ExitBeforeFirstExchange {
+impl StepSpec for ExitBeforeFirstExchange {
     fn metrics(&self) -> &'static [Metric] {
         &[Metric::SurvivorDetected, Metric::DetectMs]
     }
@@ -44,7 +45,9 @@ impl StepKind for ExitBeforeFirstExchange {
         }
         Ok(())
     }
+}
 
+impl StepKind for ExitBeforeFirstExchange {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         exit_before_first_exchange(ctx, step, self.exiting_rank, self.connect_timeout.0, report)
     }

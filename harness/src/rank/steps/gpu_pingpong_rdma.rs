@@ -14,12 +14,13 @@ use serde::{Deserialize, Serialize};
 use super::gpu_support::*;
 use super::StepKind;
 use crate::model::metric::{Metric, Series};
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct GpuPingpongRdma(pub GpuParams);
 
-impl StepKind for GpuPingpongRdma {
+impl StepSpec for GpuPingpongRdma {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::GpuMessages,
@@ -43,7 +44,9 @@ impl StepKind for GpuPingpongRdma {
     fn check(&self, _ranks: u32) -> Result<(), String> {
         self.0.check()
     }
+}
 
+impl StepKind for GpuPingpongRdma {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         rdma(ctx, step, &self.0, report)
     }

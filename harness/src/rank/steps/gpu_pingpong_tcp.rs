@@ -14,12 +14,13 @@ use serde::{Deserialize, Serialize};
 use super::gpu_support::*;
 use super::StepKind;
 use crate::model::metric::{Metric, Series};
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct GpuPingpongTcp(pub GpuParams);
 
-impl StepKind for GpuPingpongTcp {
+impl StepSpec for GpuPingpongTcp {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::GpuMessages,
@@ -40,7 +41,9 @@ impl StepKind for GpuPingpongTcp {
     fn check(&self, _ranks: u32) -> Result<(), String> {
         self.0.check()
     }
+}
 
+impl StepKind for GpuPingpongTcp {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         tcp(ctx, step, &self.0, report)
     }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -26,7 +27,7 @@ pub struct LazyConnect {
     pub deadline: Dur,
 }
 
-impl StepKind for LazyConnect {
+impl StepSpec for LazyConnect {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::ListenerTimeoutFired,
@@ -44,7 +45,9 @@ impl StepKind for LazyConnect {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for LazyConnect {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         run(ctx, step, self.wait_timeout.0, self.deadline.0, report)
     }
@@ -136,20 +139,11 @@ fn listener_side(
     let m = &mut report.metrics;
 
     // listener timeout: nobody connects.
-    let started = Instant::now();
-    let r = l.wait_for(seq(step, 1), wait);
-    m.insert(
-        Metric::ListenerTimeoutFired,
-        matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
-    );
-    m.insert(
-        Metric::ListenerTimeoutMs,
-        started.elapsed().as_secs_f64() * 1e3,
-    );
+    let r = wait_out(l, seq(step, 1), wait, m);
     report.notes.push(format!(
-        "wait with nobody connecting: {:?} after {:?}",
+        "wait with nobody connecting: {:?} after {:.1} ms",
         r.as_ref().err(),
-        started.elapsed()
+        m[&Metric::ListenerTimeoutMs]
     ));
 
     // no spurious timeout after success, even once the wait's deadline has long passed.
@@ -238,4 +232,25 @@ fn listener_side(
     );
     b("done")?;
     Ok(())
+}
+
+/// Wait on the listener for a connect nobody makes; record whether the wait timed out, and
+/// after how long.
+pub(super) fn wait_out(
+    l: &Listener,
+    sequence: u64,
+    wait: Duration,
+    m: &mut std::collections::BTreeMap<Metric, f64>,
+) -> transport::Result<Connection> {
+    let started = Instant::now();
+    let r = l.wait_for(sequence, wait);
+    m.insert(
+        Metric::ListenerTimeoutFired,
+        matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
+    );
+    m.insert(
+        Metric::ListenerTimeoutMs,
+        started.elapsed().as_secs_f64() * 1e3,
+    );
+    r
 }

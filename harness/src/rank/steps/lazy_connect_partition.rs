@@ -3,17 +3,17 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use transport::Error;
 
 use super::seq;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
-use super::lazy_connect::initiate;
+use super::lazy_connect::{initiate, wait_out};
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -23,7 +23,7 @@ pub struct LazyConnectPartition {
     pub deadline: Dur,
 }
 
-impl StepKind for LazyConnectPartition {
+impl StepSpec for LazyConnectPartition {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::ListenerTimeoutFired,
@@ -36,7 +36,9 @@ impl StepKind for LazyConnectPartition {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for LazyConnectPartition {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         partition(
             ctx,
@@ -63,16 +65,7 @@ pub fn partition(
     let m = &mut report.metrics;
     match ctx.rank {
         0 => {
-            let started = Instant::now();
-            let r = ctx.listener.wait_for(seq(step, 0), wait);
-            m.insert(
-                Metric::ListenerTimeoutFired,
-                matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
-            );
-            m.insert(
-                Metric::ListenerTimeoutMs,
-                started.elapsed().as_secs_f64() * 1e3,
-            );
+            let r = wait_out(&ctx.listener, seq(step, 0), wait, m);
             report
                 .notes
                 .push(format!("listener wait across the partition: {:?}", r.err()));

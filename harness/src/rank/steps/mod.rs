@@ -36,28 +36,13 @@ pub use support::*;
 
 use crate::model::input::InputError;
 use crate::model::metric::{Metric, Series};
-use crate::model::scenario::{self, StepSpec};
+use crate::model::scenario::{self, Named, StepSpec};
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
 
-/// One step kind: what it declares (checked before anything runs) and what a rank does.
-pub trait StepKind {
-    /// Every metric the step records. Recording any other fails the step.
-    fn metrics(&self) -> &'static [Metric];
-    /// Every latency series the step samples.
-    fn series(&self) -> &'static [Series] {
-        &[]
-    }
-    /// Fewest ranks the step needs.
-    fn min_ranks(&self) -> u32 {
-        2
-    }
-    /// The step's deadline, from its parameters.
-    fn deadline(&self) -> Duration;
-    /// Parameter checks against the scenario's rank count; the message says what to fix.
-    fn check(&self, _ranks: u32) -> Result<(), String> {
-        Ok(())
-    }
+/// One step kind: what it declares ([`StepSpec`], checked before anything runs) and what a
+/// rank does in it.
+pub trait StepKind: StepSpec {
     /// What this rank does in the step; evidence goes into `report`.
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()>;
 }
@@ -108,10 +93,13 @@ registry! {
     Stall(stall::Stall) = "stall",
 }
 
-impl StepSpec for Step {
+impl Named for Step {
     fn name(&self) -> &'static str {
         self.kind_name()
     }
+}
+
+impl StepSpec for Step {
     fn metrics(&self) -> &'static [Metric] {
         self.kind().metrics()
     }

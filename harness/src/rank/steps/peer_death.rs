@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +23,7 @@ pub struct PeerDeath {
     pub deadline: Dur,
 }
 
-impl StepKind for PeerDeath {
+impl StepSpec for PeerDeath {
     fn metrics(&self) -> &'static [Metric] {
         &[Metric::SurvivorDetected, Metric::DetectMs]
     }
@@ -40,7 +41,9 @@ impl StepKind for PeerDeath {
         }
         Ok(())
     }
+}
 
+impl StepKind for PeerDeath {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         peer_death(
             ctx,

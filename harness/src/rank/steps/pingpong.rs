@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::{check_sizes, StepKind};
 use crate::model::duration::Dur;
 use crate::model::metric::{Metric, Series};
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -23,7 +24,7 @@ pub struct Pingpong {
     pub deadline: Dur,
 }
 
-impl StepKind for Pingpong {
+impl StepSpec for Pingpong {
     fn metrics(&self) -> &'static [Metric] {
         &[Metric::PairsVerified, Metric::DataMismatches]
     }
@@ -39,7 +40,9 @@ impl StepKind for Pingpong {
     fn check(&self, _ranks: u32) -> Result<(), String> {
         check_sizes(&self.sizes, self.iterations)
     }
+}
 
+impl StepKind for Pingpong {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         run(
             ctx,

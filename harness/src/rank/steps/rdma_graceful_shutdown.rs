@@ -16,6 +16,7 @@ use super::rdma_support::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -26,7 +27,7 @@ pub struct RdmaGracefulShutdown {
     pub deadline: Dur,
 }
 
-impl StepKind for RdmaGracefulShutdown {
+impl StepSpec for RdmaGracefulShutdown {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::RdmaConnectionsServed,
@@ -42,7 +43,9 @@ impl StepKind for RdmaGracefulShutdown {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for RdmaGracefulShutdown {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         graceful_shutdown(
             ctx,

@@ -15,6 +15,7 @@ use super::rdma_support::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +23,7 @@ pub struct RdmaInterfaceIndex {
     pub deadline: Dur,
 }
 
-impl StepKind for RdmaInterfaceIndex {
+impl StepSpec for RdmaInterfaceIndex {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::RdmaInterfacesServed,
@@ -33,7 +34,9 @@ impl StepKind for RdmaInterfaceIndex {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for RdmaInterfaceIndex {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         interface_index(ctx, step, self.deadline.0, report)
     }

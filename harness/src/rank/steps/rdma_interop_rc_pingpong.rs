@@ -13,6 +13,7 @@ use super::rdma_support::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +23,7 @@ pub struct RdmaInteropRcPingpong {
     pub deadline: Dur,
 }
 
-impl StepKind for RdmaInteropRcPingpong {
+impl StepSpec for RdmaInteropRcPingpong {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::InteropAsClient,
@@ -38,7 +39,9 @@ impl StepKind for RdmaInteropRcPingpong {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for RdmaInteropRcPingpong {
     fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
         interop(ctx, self.size, self.iterations, self.deadline.0, report)
     }

@@ -14,6 +14,7 @@ use super::rdma_support::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -23,7 +24,7 @@ pub struct RdmaLosslessStream {
     pub deadline: Dur,
 }
 
-impl StepKind for RdmaLosslessStream {
+impl StepSpec for RdmaLosslessStream {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::RdmaTxMessages,
@@ -38,7 +39,9 @@ impl StepKind for RdmaLosslessStream {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for RdmaLosslessStream {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         stream(ctx, step, self.messages, self.size, self.deadline.0, report)
     }

@@ -13,6 +13,7 @@ use super::rdma_support::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +23,7 @@ pub struct RdmaPeerDeath {
     pub deadline: Dur,
 }
 
-impl StepKind for RdmaPeerDeath {
+impl StepSpec for RdmaPeerDeath {
     fn metrics(&self) -> &'static [Metric] {
         &[Metric::SurvivorDetected, Metric::DetectMs]
     }
@@ -30,7 +31,9 @@ impl StepKind for RdmaPeerDeath {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for RdmaPeerDeath {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         peer_death(
             ctx,

@@ -14,6 +14,7 @@ use super::rdma_support::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::{Metric, Series};
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -23,7 +24,7 @@ pub struct RdmaPingpong {
     pub deadline: Dur,
 }
 
-impl StepKind for RdmaPingpong {
+impl StepSpec for RdmaPingpong {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::RdmaMessages,
@@ -44,7 +45,9 @@ impl StepKind for RdmaPingpong {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for RdmaPingpong {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         pingpong(
             ctx,

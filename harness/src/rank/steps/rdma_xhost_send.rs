@@ -17,6 +17,7 @@ use super::rdma_support::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -26,7 +27,7 @@ pub struct RdmaXhostSend {
     pub deadline: Dur,
 }
 
-impl StepKind for RdmaXhostSend {
+impl StepSpec for RdmaXhostSend {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::RdmaTxMessages,
@@ -41,7 +42,9 @@ impl StepKind for RdmaXhostSend {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for RdmaXhostSend {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         xhost_send(
             ctx,

@@ -17,6 +17,7 @@ use super::raw_peer::*;
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -24,7 +25,7 @@ pub struct ReceiverError {
     pub deadline: Dur,
 }
 
-impl StepKind for ReceiverError {
+impl StepSpec for ReceiverError {
     fn metrics(&self) -> &'static [Metric] {
         &[Metric::SendSawReceiverError, Metric::FlushSawReceiverError]
     }
@@ -32,7 +33,9 @@ impl StepKind for ReceiverError {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for ReceiverError {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         receiver_error(ctx, step, self.deadline.0, report)
     }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
 
@@ -18,7 +19,7 @@ pub struct Stall {
     pub deadline: Dur,
 }
 
-impl StepKind for Stall {
+impl StepSpec for Stall {
     fn metrics(&self) -> &'static [Metric] {
         &[]
     }
@@ -30,7 +31,9 @@ impl StepKind for Stall {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for Stall {
     fn run(&self, _ctx: &Ctx, _step: usize, _report: &mut StepReport) -> Result<()> {
         std::thread::sleep(self.duration.0);
         Ok(())

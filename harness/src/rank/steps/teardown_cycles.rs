@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +23,7 @@ pub struct TeardownCycles {
     pub deadline: Dur,
 }
 
-impl StepKind for TeardownCycles {
+impl StepSpec for TeardownCycles {
     fn metrics(&self) -> &'static [Metric] {
         &[
             Metric::Cycles,
@@ -37,7 +38,9 @@ impl StepKind for TeardownCycles {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+}
 
+impl StepKind for TeardownCycles {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
         run(ctx, step, self.cycles, self.deadline.0, report)
     }
