@@ -231,6 +231,10 @@ impl Connection {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        #[cfg(feature = "bug-injection")]
+        if let Some(bug) = crate::injected::bug() {
+            return self.close_wrongly(bug, handle, socket);
+        }
         if let Some(socket) = &socket {
             // ENOTCONN when the peer already reset us: nothing left to wake, not a failure.
             let _ = socket.shutdown(Shutdown::Both);
@@ -245,6 +249,35 @@ impl Connection {
                 message: "receiver thread panicked".into(),
             })
         })
+    }
+
+    /// Teardown the wrong way (test-only): see [`crate::injected::Bug`].
+    #[cfg(feature = "bug-injection")]
+    fn close_wrongly(
+        &self,
+        bug: crate::injected::Bug,
+        handle: JoinHandle<()>,
+        socket: Option<Arc<Socket>>,
+    ) -> Result<()> {
+        use crate::injected::{close_raw, dup, shutdown_and_close, Bug};
+        match bug {
+            Bug::CloseBeforeJoin | Bug::UseAfterClose => {
+                if let Some(s) = &socket {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                close_raw(self.fd);
+                let _ = handle.join();
+            }
+            Bug::CloseWhileInUse => {
+                let spare = dup(self.fd);
+                close_raw(self.fd);
+                shutdown_and_close(spare);
+                let _ = handle.join();
+            }
+        }
+        // The number is closed already; the Socket must not close it again.
+        std::mem::forget(socket);
+        Ok(())
     }
 
     /// Hand a received payload back so the receiver can reuse its memory for a later frame
@@ -362,6 +395,8 @@ impl Receiving {
         // SAFETY: gettid has no preconditions.
         self.tid.store(unsafe { libc::gettid() }, Ordering::Release);
         let end = self.receive_until_end();
+        #[cfg(feature = "bug-injection")]
+        crate::injected::receiver_lingers(self.socket.as_raw_fd());
         // The only writer: published exactly once.
         let _ = self.terminal.set(end);
         // Dropping `self.frames` here tells `recv` that no more frames will come.

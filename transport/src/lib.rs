@@ -18,6 +18,8 @@ pub mod stream;
 mod conn;
 mod connect;
 mod handshake;
+#[cfg(feature = "bug-injection")]
+mod injected;
 mod listener;
 mod sockopt;
 

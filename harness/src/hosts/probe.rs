@@ -85,6 +85,9 @@ pub struct HostFacts {
     pub docker: bool,
     pub vm: bool,
     pub gdb: bool,
+    /// strace is installed (the lifecycle audit runs ranks under it).
+    #[serde(default)]
+    pub strace: bool,
 }
 
 /// Probe this machine.
@@ -106,6 +109,7 @@ pub fn local() -> HostFacts {
         docker: Path::new("/var/run/docker.sock").exists(),
         vm: on_path("vng") && on_path("qemu-system-x86_64"),
         gdb: on_path("gdb"),
+        strace: on_path("strace"),
     }
 }
 
@@ -263,6 +267,7 @@ mod tests {
             docker: true,
             vm: false,
             gdb: true,
+            strace: true,
         }
     }
 

@@ -19,6 +19,10 @@ pub struct HostProfile {
     /// Hardware this profile must have: a skip for one of these becomes a failure.
     #[serde(default)]
     pub must_have: Vec<Requirement>,
+    /// Lifecycle audit checks for every scenario run on this profile (added to the
+    /// scenario's own `audit`).
+    #[serde(default)]
+    pub audit: Vec<crate::model::scenario::AuditCheck>,
     /// `containers` profiles: how many test hosts, from which locally built image.
     #[serde(default)]
     pub containers: Option<ContainerSpec>,

@@ -56,11 +56,82 @@ pub struct Scenario<S> {
     #[serde(default)]
     pub faults: Vec<Spanned<Fault>>,
     pub steps: Vec<Spanned<S>>,
+    /// Lifecycle checks on the ranks' syscalls (they run under strace).
+    #[serde(default)]
+    pub audit: Vec<AuditCheck>,
+    /// Syscall delays that widen race windows (under strace too).
+    #[serde(default)]
+    pub perturb: Vec<Spanned<Perturb>>,
     pub expect: BTreeMap<Metric, Spanned<Bound>>,
 }
 
 fn one() -> u32 {
     1
+}
+
+/// A lifecycle check the audit can run on a rank's syscall trace.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuditCheck {
+    /// Close while in use, close before the receiver is done, use after close.
+    FdLifecycle,
+    /// Fds and threads a step created that outlive it.
+    Leaks,
+    /// Blocking calls without a timeout still in progress when a hang was declared.
+    UnboundedWaits,
+}
+
+/// A delay injected into one syscall, on entry or exit, on every call or a share of them.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Perturb {
+    pub syscall: String,
+    #[serde(default)]
+    pub delay_enter: Option<Dur>,
+    #[serde(default)]
+    pub delay_exit: Option<Dur>,
+    /// Share of calls delayed, in (0, 1]; the calls chosen follow from the run's seed.
+    #[serde(default)]
+    pub probability: Option<f64>,
+}
+
+/// The longest delay a perturbation may inject: longer ones stop measuring races and start
+/// measuring timeouts.
+pub const MAX_PERTURB_DELAY: Duration = Duration::from_secs(1);
+
+impl Perturb {
+    /// What is wrong with it, if anything (the syscall name reaches strace's command line).
+    pub fn check(&self) -> Result<(), String> {
+        let name_ok = !self.syscall.is_empty()
+            && self.syscall.len() <= 32
+            && self
+                .syscall
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !name_ok {
+            return Err(format!(
+                "`{}` is not a syscall name (lowercase letters, digits, _)",
+                self.syscall
+            ));
+        }
+        if self.delay_enter.is_none() && self.delay_exit.is_none() {
+            return Err("a perturbation needs delay_enter or delay_exit".into());
+        }
+        for d in [self.delay_enter, self.delay_exit].into_iter().flatten() {
+            if d.0 > MAX_PERTURB_DELAY {
+                return Err(format!(
+                    "a delay of {:?} is over the {MAX_PERTURB_DELAY:?} limit",
+                    d.0
+                ));
+            }
+        }
+        if let Some(p) = self.probability {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(format!("probability must be in (0, 1], got {p}"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Kill or freeze a rank when it reports reaching a named point.
@@ -188,6 +259,11 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
                 &step.referenced,
                 format!("step `{}`: {why}", step.value.name()),
             ));
+        }
+    }
+    for p in &s.perturb {
+        if let Err(why) = p.value.check() {
+            return Err(located(path, &p.referenced, why));
         }
     }
     for fault in &s.faults {

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
@@ -20,6 +20,8 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::hosts::placement::Placement;
+use crate::model::scenario::Perturb;
+use crate::orchestration::audit;
 use crate::hosts::placement::RemoteHost;
 use crate::rank::protocol::TOKEN_ENV;
 
@@ -32,8 +34,18 @@ struct RankProc {
     remote_pid: Option<u32>,
 }
 
+/// Ranks run under strace for the lifecycle audit, with these perturbations.
+pub struct Tracing<'a> {
+    pub perturb: &'a [Perturb],
+    pub seed: u64,
+}
+
 pub struct RankGroup {
     procs: Vec<RankProc>,
+    /// Where rank logs (and local traces) go.
+    log_dir: PathBuf,
+    /// Whether ranks run under strace; a remote rank's trace lies on its host until fetched.
+    traced: bool,
     placement: Placement,
     /// The local process group of every local child of this run (the first leads it).
     pgid: i32,
@@ -49,10 +61,13 @@ impl RankGroup {
         token: &str,
         log_dir: &Path,
         placement: &Placement,
+        tracing: Option<&Tracing>,
     ) -> Result<RankGroup> {
         std::fs::create_dir_all(log_dir)?;
         let mut group = RankGroup {
             procs: vec![],
+            log_dir: log_dir.to_owned(),
+            traced: tracing.is_some(),
             placement: placement.clone(),
             pgid: 0,
             rendezvous,
@@ -63,9 +78,17 @@ impl RankGroup {
             let (r, addr) = (rank.to_string(), rendezvous.to_string());
             let mut cmd = match placement {
                 Placement::Local => {
-                    let mut c = Command::new(
-                        std::env::current_exe().context("locating the wringer binary")?,
-                    );
+                    let exe = std::env::current_exe().context("locating the wringer binary")?;
+                    let mut c = match tracing {
+                        Some(t) => {
+                            let trace = group.trace_path(rank);
+                            let words = audit::strace_command(t.perturb, t.seed, &trace);
+                            let mut c = Command::new(&words[0]);
+                            c.args(&words[1..]).arg(exe);
+                            c
+                        }
+                        None => Command::new(exe),
+                    };
                     c.args([
                         "rank",
                         "--rendezvous",
@@ -81,8 +104,17 @@ impl RankGroup {
                 }
                 Placement::Remote { hosts, .. } => {
                     let h = &hosts[placement.host_of(rank)];
-                    let mut c = h.target.command(&[
-                        &h.exe,
+                    let mut words: Vec<String> = match tracing {
+                        Some(t) => audit::strace_command(
+                            t.perturb,
+                            t.seed,
+                            Path::new(&remote_trace(rendezvous, rank)),
+                        ),
+                        None => vec![],
+                    };
+                    words.push(h.exe.clone());
+                    let mut words: Vec<&str> = words.iter().map(String::as_str).collect();
+                    words.extend([
                         "rank",
                         "--rendezvous",
                         &addr,
@@ -92,6 +124,7 @@ impl RankGroup {
                         &h.data_addr,
                         "--token-stdin",
                     ]);
+                    let mut c = h.target.command(&words);
                     c.stdin(Stdio::piped());
                     c
                 }
@@ -233,7 +266,10 @@ impl RankGroup {
                     .filter_map(|(_, p)| p.remote_pid.map(|pid| format!("-{pid}")))
                     .collect();
                 if !groups.is_empty() {
-                    let mut args = vec!["kill", "-KILL", "--"];
+                    // A traced rank leads its own group; its strace (the parent) goes too.
+                    let script = "for g in \"$@\"; do p=$(ps -o ppid= -p ${g#-} 2>/dev/null); kill -KILL -- $g 2>/dev/null; [ -n \"$TRACED\" ] && [ -n \"$p\" ] && kill -KILL $p 2>/dev/null; done; true";
+                    let traced = if self.traced { "TRACED=1" } else { "TRACED=" };
+                    let mut args = vec!["env", traced, "sh", "-c", script, "sh"];
                     args.extend(groups.iter().map(String::as_str));
                     let _ = h.target.run(&args, None, Duration::from_secs(10));
                 }
@@ -250,6 +286,27 @@ impl RankGroup {
             let _ = p.child.kill();
             let _ = p.child.wait();
         }
+    }
+
+    /// Where rank `rank`'s trace is kept here.
+    pub fn trace_path(&self, rank: u32) -> PathBuf {
+        self.log_dir.join(format!("rank-{rank}.strace"))
+    }
+
+    /// Rank `rank`'s trace, copied here first from its host when it ran remotely.
+    pub fn fetch_trace(&self, rank: u32) -> Result<String> {
+        let local = self.trace_path(rank);
+        if let Some(h) = self.target(rank) {
+            let remote = remote_trace(self.rendezvous, rank);
+            let text = h
+                .target
+                .check(&["cat", &remote], Duration::from_secs(60))
+                .with_context(|| format!("fetching {remote} from {}", h.target.name))?;
+            let _ = h.target.run(&["rm", "-f", &remote], None, Duration::from_secs(10));
+            std::fs::write(&local, &text)?;
+            return Ok(text);
+        }
+        std::fs::read_to_string(&local).with_context(|| format!("reading {}", local.display()))
     }
 
     /// Processes of this run still alive on any remote host (there must be none).
@@ -290,4 +347,10 @@ impl Drop for RankGroup {
     fn drop(&mut self) {
         self.kill_all();
     }
+}
+
+/// Where a remote rank's trace is written on its host (unique per attempt: the rendezvous
+/// port is).
+fn remote_trace(rendezvous: SocketAddr, rank: u32) -> String {
+    format!("/tmp/wringer-trace-{}-rank-{rank}.strace", rendezvous.port())
 }

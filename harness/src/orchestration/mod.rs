@@ -1,6 +1,7 @@
 //! Layer 4, orchestration: the runner, the coordinator (a core without IO and the shell that
 //! does its IO), the launcher, the one skip/fail policy, and verdicts.
 
+pub mod audit;
 pub mod coordinator;
 pub mod events;
 pub mod launcher;

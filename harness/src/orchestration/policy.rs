@@ -73,6 +73,17 @@ impl Policy<'_> {
                 return self.unmet(reason, &[*req]);
             }
         }
+        let traced = !s.audit.is_empty() || !s.perturb.is_empty() || !self.profile.audit.is_empty();
+        if let Some(f) = self.facts.iter().find(|f| traced && !f.strace) {
+            let reason = SkipReason {
+                code: "no-strace",
+                detail: format!(
+                    "the lifecycle audit runs ranks under strace, which {} lacks: install Debian's `strace`",
+                    f.host
+                ),
+            };
+            return self.unmet(reason, &[]);
+        }
         if !self.host_control {
             if let Some(f) = s
                 .faults

@@ -18,6 +18,7 @@ use crate::hosts::profile::{HostProfile, ProfileKind};
 use crate::hosts::vm;
 use crate::model::metric::{Metric, SampleKey};
 use crate::model::requirement::SkipReason;
+use crate::model::scenario::{AuditCheck, Perturb};
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
 use crate::rank::steps::Loaded;
 
@@ -96,6 +97,7 @@ pub fn run(
         }
     } else {
         let cx = RunContext {
+            profile_audit: &profile.audit,
             placement: &placement,
             opts,
             seed,
@@ -230,6 +232,8 @@ fn unreachable_run(name: &str, file: &Path) -> ScenarioResult {
 
 /// What every scenario of one run shares.
 struct RunContext<'a> {
+    /// Audit checks the host profile adds to every scenario.
+    profile_audit: &'a [AuditCheck],
     placement: &'a Placement,
     opts: &'a RunOptions,
     seed: u64,
@@ -251,6 +255,10 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
     result.reason = None;
     let steps = loaded.steps();
     let faults = loaded.faults();
+    let mut audit: Vec<AuditCheck> = s.audit.iter().chain(cx.profile_audit).copied().collect();
+    audit.sort();
+    audit.dedup();
+    let perturb: Vec<Perturb> = s.perturb.iter().map(|p| p.value.clone()).collect();
     let repeats = cx.opts.repeat.unwrap_or(s.repeat);
     let mut seen = Observed::default();
     for repeat in 0..repeats {
@@ -268,6 +276,8 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
             .join(&s.name)
             .join(format!("repeat-{repeat}"));
         let plan = Plan {
+            audit: &audit,
+            perturb: &perturb,
             ranks: loaded.ranks(),
             steps: &steps,
             faults: &faults,

@@ -29,6 +29,7 @@ pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Ve
             failures.push(format!("rank {rank} step {step}: {e}"));
         }
     }
+    failures.extend(attempt.audit.iter().cloned());
     for l in &attempt.leftovers {
         failures.push(format!("process left behind: {l}"));
     }

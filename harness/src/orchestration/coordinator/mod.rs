@@ -19,7 +19,9 @@ use nix::sys::signal::Signal;
 
 use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
-use crate::model::scenario::{Fault, FaultAction, Named, StepSpec};
+use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb, StepSpec};
+use crate::orchestration::audit;
+use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::RankGroup;
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::Step;
@@ -49,6 +51,8 @@ pub struct Attempt {
     pub leftovers: Vec<String>,
     /// From starting the ranks to sending every rank its start message.
     pub rendezvous: Option<Duration>,
+    /// Lifecycle audit violations, each with its trace lines.
+    pub audit: Vec<String>,
     /// Stacks captured when the watchdog fired, until the hang is recorded.
     stacks: Vec<(u32, u32, String)>,
 }
@@ -100,6 +104,10 @@ enum Event {
 }
 
 pub struct Plan<'a> {
+    /// The lifecycle audit's checks and perturbations; ranks run under strace when either
+    /// is non-empty.
+    pub audit: &'a [AuditCheck],
+    pub perturb: &'a [Perturb],
     pub ranks: u32,
     pub steps: &'a [Step],
     pub faults: &'a [Fault],
@@ -135,7 +143,18 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         events_tx,
         Arc::clone(&rejected),
     );
-    let mut group = RankGroup::start(plan.ranks, addr, &token, plan.log_dir, plan.placement)?;
+    let tracing = (!plan.audit.is_empty() || !plan.perturb.is_empty()).then(|| Tracing {
+        perturb: plan.perturb,
+        seed: plan.seed,
+    });
+    let mut group = RankGroup::start(
+        plan.ranks,
+        addr,
+        &token,
+        plan.log_dir,
+        plan.placement,
+        tracing.as_ref(),
+    )?;
     let cfg = Config {
         ranks: plan.ranks,
         steps: plan
@@ -146,7 +165,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         faults: plan.faults.to_vec(),
         deadline: plan.deadline,
         join_timeout: JOIN_TIMEOUT,
-        pids: (!group.is_remote())
+        pids: (!group.is_remote() && tracing.is_none())
             .then(|| (0..plan.ranks).map(|r| group.pid(r).unwrap_or(0)).collect()),
         host_of: (0..plan.ranks).map(|r| plan.placement.host_of(r)).collect(),
     };
@@ -166,6 +185,9 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     }
     group.kill_all();
     outcome.leftovers.extend(group.remote_leftovers());
+    if tracing.is_some() {
+        attempt.audit = audit_traces(plan, &group, outcome.hang.is_some());
+    }
     // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
     unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
     let _ = acceptor.join();
@@ -284,6 +306,47 @@ fn drive(
     }
     Ok(())
 }
+
+/// The audit's violations in every rank's trace (fetched from remote hosts first). A missing
+/// or empty trace is itself a failure: an audit that saw nothing proves nothing.
+fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<String> {
+    let mut checks: Vec<AuditCheck> = plan.audit.to_vec();
+    if !hung {
+        // A wait without a bound matters only when something waited too long.
+        checks.retain(|c| *c != AuditCheck::UnboundedWaits);
+    }
+    let mut found = vec![];
+    for rank in 0..plan.ranks {
+        let path = group.trace_path(rank);
+        let text = match group.fetch_trace(rank) {
+            Ok(t) if !t.trim().is_empty() => t,
+            Ok(_) => {
+                found.push(format!("audit: rank {rank}'s trace {} is empty", path.display()));
+                continue;
+            }
+            Err(e) => {
+                found.push(format!("audit: rank {rank}'s trace could not be read: {e:#}"));
+                continue;
+            }
+        };
+        let violations = audit::analyse(&text, &checks);
+        let shown = violations.len().min(MAX_VIOLATIONS_SHOWN);
+        for v in &violations[..shown] {
+            found.push(format!("audit: rank {rank}: {v}\n    (trace: {})", path.display()));
+        }
+        if violations.len() > shown {
+            found.push(format!(
+                "audit: rank {rank}: {} more violations in {}",
+                violations.len() - shown,
+                path.display()
+            ));
+        }
+    }
+    found
+}
+
+/// Violations quoted per rank; the rest are counted (the trace holds them all).
+const MAX_VIOLATIONS_SHOWN: usize = 5;
 
 /// Strike: a signal to the rank, or an action on its host (containers only).
 fn apply_fault(

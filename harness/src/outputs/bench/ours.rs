@@ -119,6 +119,8 @@ pub fn coordinator_startup(ranks: u32, tries: usize, log_dir: &Path) -> Result<f
     for t in 0..tries {
         let dir = log_dir.join(format!("startup-{ranks}-{t}"));
         let plan = Plan {
+            audit: &[],
+            perturb: &[],
             ranks,
             steps: &steps,
             faults: &[],

@@ -1,0 +1,546 @@
+//! The syscall-level lifecycle audit: ranks run under strace, and their traces are checked
+//! for the order of events that outcome checks cannot see. Parsing and checking are pure (a
+//! trace in, violations out), so they are unit-tested on hand-written traces.
+//!
+//! Invariants, per process:
+//! - close while in use: an fd is closed while another thread is inside a syscall on it;
+//! - close before the receiver is done: an fd is closed while a thread that received on it
+//!   (since it was created) has not exited;
+//! - use after close: a thread that used an fd before its close uses the number again after
+//!   it (EBADF, or someone else's reused descriptor), or any call on it fails with EBADF;
+//! - leaks (`leaks`): fds and threads created during a step and still open or alive at its end;
+//! - waits without a bound (`unbounded-waits`): blocking calls with no timeout still in progress
+//!   when the trace ends (reported when the watchdog fired).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+
+use crate::model::scenario::{AuditCheck, Perturb};
+
+/// The syscall classes the audit needs to see (strace's `-e trace=`).
+const TRACED: &str = "%desc,%network,%process";
+
+/// The strace command line that runs a rank under the audit, writing its trace to `out`.
+/// Perturbations become `--inject` delays; a probability becomes every n-th call from an
+/// offset drawn from `seed`, so a run replays from its seed.
+pub fn strace_command(perturb: &[Perturb], seed: u64, out: &Path) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "strace", "-f", "-q", "-ttt", "-s", "96", "--seccomp-bpf", "-e",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(format!("trace={TRACED}"));
+    for (i, p) in perturb.iter().enumerate() {
+        args.push(format!("--inject={}", inject_expr(p, seed.wrapping_add(i as u64))));
+    }
+    args.extend(["-o".into(), out.display().to_string(), "--".into()]);
+    args
+}
+
+fn inject_expr(p: &Perturb, seed: u64) -> String {
+    let mut e = p.syscall.clone();
+    if let Some(d) = p.delay_enter {
+        e.push_str(&format!(":delay_enter={}", d.0.as_micros().max(1)));
+    }
+    if let Some(d) = p.delay_exit {
+        e.push_str(&format!(":delay_exit={}", d.0.as_micros().max(1)));
+    }
+    if let Some(prob) = p.probability.filter(|p| *p < 1.0) {
+        let every = (1.0 / prob).round().max(1.0) as u64;
+        let first = 1 + splitmix(seed) % every;
+        e.push_str(&format!(":when={first}+{every}"));
+    }
+    e
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// One broken invariant, with the trace lines around it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Violation {
+    pub check: &'static str,
+    pub pid: u32,
+    pub fd: Option<i32>,
+    pub detail: String,
+    /// Trace line numbers (1-based) and text around the violation.
+    pub context: Vec<(usize, String)>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} in pid {}: {}", self.check, self.pid, self.detail)?;
+        for (n, l) in &self.context {
+            write!(f, "\n    {n:>6}: {l}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One line of an `strace -f -ttt` trace.
+#[derive(Debug, PartialEq)]
+enum Event<'a> {
+    /// A call that completed on this line.
+    Call {
+        name: &'a str,
+        args: &'a str,
+        ret: &'a str,
+    },
+    /// A call that started and did not finish yet.
+    Started { name: &'a str, args: &'a str },
+    /// The rest of a call started earlier on this thread.
+    Resumed { name: &'a str, ret: &'a str },
+    /// The thread ended.
+    Exited,
+    Other,
+}
+
+fn parse_line(line: &str) -> Option<(u32, Event<'_>)> {
+    let (tid, rest) = line.split_once(' ')?;
+    let tid: u32 = tid.trim().parse().ok()?;
+    // Skip the timestamp when there is one.
+    let rest = match rest.split_once(' ') {
+        Some((ts, r)) if ts.contains('.') && ts.chars().all(|c| c.is_ascii_digit() || c == '.') => r,
+        _ => rest,
+    };
+    let rest = rest.trim_start();
+    if rest.starts_with("+++ exited") || rest.starts_with("+++ killed") {
+        return Some((tid, Event::Exited));
+    }
+    if let Some(r) = rest.strip_prefix("<... ") {
+        let (name, after) = r.split_once(" resumed>")?;
+        return Some((tid, Event::Resumed {
+            name,
+            ret: result_of(after),
+        }));
+    }
+    let open = rest.find('(')?;
+    let name = &rest[..open];
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Some((tid, Event::Other));
+    }
+    let body = &rest[open + 1..];
+    if let Some(args) = body.strip_suffix(" <unfinished ...>") {
+        return Some((tid, Event::Started { name, args }));
+    }
+    if matches!(name, "exit") {
+        return Some((tid, Event::Exited));
+    }
+    Some((tid, Event::Call {
+        name,
+        args: body,
+        ret: result_of(body),
+    }))
+}
+
+/// The text after the last ` = `, e.g. `0`, `-1 EBADF (Bad file descriptor)`, `?`.
+fn result_of(s: &str) -> &str {
+    s.rfind(") = ")
+        .map(|i| s[i + 4..].trim())
+        .or_else(|| s.rfind(" = ").map(|i| s[i + 3..].trim()))
+        .unwrap_or("")
+}
+
+/// The fd a syscall acts on, when its first argument is one.
+fn fd_arg(name: &str, args: &str) -> Option<i32> {
+    if !takes_fd(name) {
+        return None;
+    }
+    let first = args.split([',', ')']).next()?.trim();
+    first.parse().ok().filter(|fd: &i32| *fd >= 0)
+}
+
+fn takes_fd(name: &str) -> bool {
+    matches!(
+        name,
+        "read" | "readv" | "pread64" | "preadv" | "write" | "writev" | "pwrite64" | "close"
+            | "recvfrom" | "recvmsg" | "recvmmsg" | "sendto" | "sendmsg" | "sendmmsg"
+            | "shutdown" | "accept" | "accept4" | "connect" | "bind" | "listen"
+            | "getsockopt" | "setsockopt" | "getsockname" | "getpeername" | "fcntl"
+            | "ioctl" | "fstat" | "newfstatat" | "lseek" | "epoll_ctl" | "epoll_wait"
+            | "epoll_pwait" | "fsync" | "ftruncate" | "dup" | "dup2" | "dup3" | "sendfile"
+            | "splice"
+    )
+}
+
+fn receives(name: &str) -> bool {
+    matches!(name, "read" | "readv" | "recvfrom" | "recvmsg" | "recvmmsg")
+}
+
+/// Syscalls whose result is a new fd (or two, for pipes and socket pairs).
+fn creates_fds(name: &str, args: &str, ret: &str) -> Vec<i32> {
+    let ok = ret.split_whitespace().next().and_then(|r| r.parse::<i32>().ok());
+    match name {
+        "socket" | "accept" | "accept4" | "open" | "openat" | "dup" | "dup2" | "dup3"
+        | "eventfd" | "eventfd2" | "epoll_create" | "epoll_create1" | "timerfd_create"
+        | "signalfd" | "signalfd4" | "memfd_create" | "inotify_init1" | "pidfd_open" => {
+            ok.filter(|fd| *fd >= 0).into_iter().collect()
+        }
+        "fcntl" if args.contains("F_DUPFD") => ok.filter(|fd| *fd >= 0).into_iter().collect(),
+        "pipe" | "pipe2" | "socketpair" if ok == Some(0) => {
+            // pipe2([3, 4], O_CLOEXEC) = 0
+            args.split('[')
+                .nth(1)
+                .and_then(|s| s.split(']').next())
+                .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+                .unwrap_or_default()
+        }
+        _ => vec![],
+    }
+}
+
+/// The thread a clone made, when it is a thread (shares the process) rather than a process.
+fn cloned_thread(name: &str, args: &str, ret: &str) -> Option<(u32, bool)> {
+    if !matches!(name, "clone" | "clone3" | "vfork" | "fork") {
+        return None;
+    }
+    let child: u32 = ret.split_whitespace().next()?.parse().ok()?;
+    Some((child, args.contains("CLONE_THREAD")))
+}
+
+#[derive(Default)]
+struct Fd {
+    /// Threads that used it at all since it was created.
+    users: BTreeSet<u32>,
+    /// Where it was closed, while it stays closed.
+    closed_at: Option<usize>,
+    /// Where it was created, when that was inside the running step (for `leaks`).
+    created: Option<usize>,
+}
+
+#[derive(Default)]
+struct Thread {
+    /// Where it was created, when that was inside the running step (for `leaks`).
+    created: Option<usize>,
+    /// The fd this thread receives on: set by a receive, kept while its calls stay on that
+    /// fd, dropped by any other call (the thread has moved on, as a handshake thread does once
+    /// it hands a socket over) or by its exit.
+    receiving: Option<i32>,
+}
+
+/// Per-process state while reading a trace.
+#[derive(Default)]
+struct Process {
+    fds: BTreeMap<i32, Fd>,
+    threads: BTreeMap<u32, Thread>,
+}
+
+/// A call in progress on a thread.
+struct Inside {
+    name: String,
+    args: String,
+    fd: Option<i32>,
+    line: usize,
+}
+
+/// Read a whole trace and return every violation of the chosen checks.
+pub fn analyse(trace: &str, checks: &[AuditCheck]) -> Vec<Violation> {
+    Audit {
+        lines: trace.lines().collect(),
+        checks,
+        ..Audit::default()
+    }
+    .run()
+}
+
+#[derive(Default)]
+struct Audit<'a> {
+    lines: Vec<&'a str>,
+    checks: &'a [AuditCheck],
+    tgid: BTreeMap<u32, u32>,
+    procs: BTreeMap<u32, Process>,
+    inside: BTreeMap<u32, Inside>,
+    /// Per process, the line where the running step started.
+    step: BTreeMap<u32, usize>,
+    out: Vec<Violation>,
+}
+
+impl Audit<'_> {
+    fn on(&self, c: AuditCheck) -> bool {
+        self.checks.contains(&c)
+    }
+
+    fn context(&self, at: usize, also: &[usize]) -> Vec<(usize, String)> {
+        let last = self.lines.len().saturating_sub(1);
+        let mut idx: BTreeSet<usize> = (at.saturating_sub(3)..=(at + 2).min(last)).collect();
+        idx.extend(also.iter().copied());
+        idx.into_iter()
+            .map(|i| (i + 1, self.lines[i].to_string()))
+            .collect()
+    }
+
+    fn flag(&mut self, check: &'static str, pid: u32, fd: Option<i32>, detail: String, at: usize, also: &[usize]) {
+        let context = self.context(at, also);
+        self.out.push(Violation {
+            check,
+            pid,
+            fd,
+            detail,
+            context,
+        });
+    }
+
+    fn run(mut self) -> Vec<Violation> {
+        for i in 0..self.lines.len() {
+            let line = self.lines[i];
+            let Some((tid, ev)) = parse_line(line) else {
+                continue;
+            };
+            let pid = *self.tgid.entry(tid).or_insert(tid);
+            self.procs
+                .entry(pid)
+                .or_default()
+                .threads
+                .entry(tid)
+                .or_default();
+            match ev {
+                Event::Call { name, args, ret } => self.call(pid, tid, name, args, ret, i),
+                Event::Started { name, args } => {
+                    let fd = fd_arg(name, args);
+                    self.touch(pid, tid, name, fd, i);
+                    self.inside.insert(
+                        tid,
+                        Inside {
+                            name: name.to_string(),
+                            args: args.to_string(),
+                            fd,
+                            line: i,
+                        },
+                    );
+                }
+                Event::Resumed { name, ret } => {
+                    if let Some(call) = self.inside.remove(&tid).filter(|c| c.name == name) {
+                        // Usage was noted when it started; its effects count where it returned.
+                        self.effects(pid, tid, &call.name, &call.args, ret, i);
+                    }
+                }
+                Event::Exited => {
+                    self.inside.remove(&tid);
+                    if let Some(p) = self.procs.get_mut(&pid) {
+                        p.threads.remove(&tid);
+                    }
+                }
+                Event::Other => {}
+            }
+        }
+        if self.on(AuditCheck::UnboundedWaits) {
+            let stuck: Vec<(u32, String, usize)> = self
+                .inside
+                .iter()
+                .filter(|(_, c)| unbounded(&c.name, &c.args))
+                .map(|(t, c)| (*t, c.name.clone(), c.line))
+                .collect();
+            for (tid, name, at) in stuck {
+                let pid = *self.tgid.get(&tid).unwrap_or(&tid);
+                self.flag(
+                    "wait without a bound",
+                    pid,
+                    None,
+                    format!("thread {tid} was still inside {name}() with no timeout when the trace ended"),
+                    at,
+                    &[],
+                );
+            }
+        }
+        self.out
+    }
+
+    /// A call that completed on one line.
+    fn call(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
+        let fd = fd_arg(name, args);
+        if name == "close" {
+            if let Some(fd) = fd.filter(|_| ret.starts_with('0')) {
+                self.close(pid, tid, fd, i);
+            }
+            return;
+        }
+        self.touch(pid, tid, name, fd, i);
+        self.effects(pid, tid, name, args, ret, i);
+    }
+
+    /// The thread is now inside (or through) `name` on `fd`: note the use, or flag a use after
+    /// close.
+    fn touch(&mut self, pid: u32, tid: u32, name: &str, fd: Option<i32>, i: usize) {
+        let p = self.procs.entry(pid).or_default();
+        let th = p.threads.entry(tid).or_default();
+        if th.receiving.is_some() && th.receiving != fd {
+            th.receiving = None;
+        }
+        let Some(fd) = fd else { return };
+        if receives(name) {
+            th.receiving = Some(fd);
+        }
+        let f = p.fds.entry(fd).or_default();
+        match f.closed_at {
+            Some(c) if f.users.contains(&tid) => {
+                if self.on(AuditCheck::FdLifecycle) {
+                    self.flag(
+                        "use after close",
+                        pid,
+                        Some(fd),
+                        format!("thread {tid} called {name}() on fd {fd} after its close (line {})", c + 1),
+                        i,
+                        &[c],
+                    );
+                }
+            }
+            Some(_) => {}
+            None => {
+                f.users.insert(tid);
+            }
+        }
+    }
+
+    fn close(&mut self, pid: u32, tid: u32, fd: i32, i: usize) {
+        self.touch(pid, tid, "close", None, i);
+        if self.on(AuditCheck::FdLifecycle) {
+            let in_use: Vec<(u32, String, usize)> = self
+                .inside
+                .iter()
+                .filter(|(t, c)| **t != tid && c.fd == Some(fd) && self.tgid.get(t) == Some(&pid))
+                .map(|(t, c)| (*t, c.name.clone(), c.line))
+                .collect();
+            for (other, name, at) in in_use {
+                self.flag(
+                    "close while in use",
+                    pid,
+                    Some(fd),
+                    format!("thread {tid} closed fd {fd} while thread {other} was inside {name}() on it"),
+                    i,
+                    &[at],
+                );
+            }
+            let receivers: Vec<u32> = self.procs[&pid]
+                .threads
+                .iter()
+                .filter(|(t, th)| **t != tid && th.receiving == Some(fd))
+                .map(|(t, _)| *t)
+                .collect();
+            for r in receivers {
+                self.flag(
+                    "close before the receiver is done",
+                    pid,
+                    Some(fd),
+                    format!("thread {tid} closed fd {fd} while thread {r}, its receiver, had not exited"),
+                    i,
+                    &[],
+                );
+            }
+        }
+        let p = self.procs.entry(pid).or_default();
+        for th in p.threads.values_mut() {
+            if th.receiving == Some(fd) {
+                th.receiving = None;
+            }
+        }
+        p.fds.entry(fd).or_default().closed_at = Some(i);
+    }
+
+    /// What a finished call leaves behind: new fds, new threads, EBADF, step markers.
+    fn effects(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
+        let in_step = self.step.contains_key(&pid).then_some(i);
+        if let Some((child, thread)) = cloned_thread(name, args, ret) {
+            if thread {
+                self.tgid.insert(child, pid);
+                let p = self.procs.entry(pid).or_default();
+                p.threads.entry(child).or_default().created = in_step;
+            }
+            return;
+        }
+        for new in creates_fds(name, args, ret) {
+            self.procs.entry(pid).or_default().fds.insert(
+                new,
+                Fd {
+                    created: in_step,
+                    ..Fd::default()
+                },
+            );
+        }
+        let fd = fd_arg(name, args);
+        if let (Some(fd), true) = (fd, ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle)) {
+            let closed = self.procs[&pid].fds.get(&fd).and_then(|f| f.closed_at);
+            let already = self.out.iter().any(|v| v.check == "use after close" && v.context.iter().any(|(n, _)| *n == i + 1));
+            if let (Some(c), false) = (closed, already) {
+                self.flag(
+                    "use after close",
+                    pid,
+                    Some(fd),
+                    format!("thread {tid} called {name}() on fd {fd} after its close (line {}): EBADF", c + 1),
+                    i,
+                    &[c],
+                );
+            }
+        }
+        if matches!(name, "write" | "sendto") {
+            self.marker(pid, args, i);
+        }
+    }
+
+    /// The rank reports each step's start and end to the coordinator; those writes bound the
+    /// step for the leak check.
+    fn marker(&mut self, pid: u32, args: &str, i: usize) {
+        if args.contains("step-start") {
+            self.step.insert(pid, i);
+            let p = self.procs.entry(pid).or_default();
+            p.fds.values_mut().for_each(|f| f.created = None);
+            p.threads.values_mut().for_each(|t| t.created = None);
+            return;
+        }
+        if !(args.contains("step-result") || args.contains("step-error")) {
+            return;
+        }
+        let Some(start) = self.step.remove(&pid) else { return };
+        if !self.on(AuditCheck::Leaks) {
+            return;
+        }
+        let p = &self.procs[&pid];
+        let fds: Vec<(i32, usize)> = p
+            .fds
+            .iter()
+            .filter(|(_, f)| f.closed_at.is_none())
+            .filter_map(|(n, f)| f.created.map(|c| (*n, c)))
+            .collect();
+        let threads: Vec<(u32, usize)> = p
+            .threads
+            .iter()
+            .filter_map(|(t, th)| th.created.map(|c| (*t, c)))
+            .collect();
+        for (n, c) in fds {
+            self.flag(
+                "leak",
+                pid,
+                Some(n),
+                format!("fd {n} created in the step (line {}) is still open at its end", c + 1),
+                i,
+                &[start, c],
+            );
+        }
+        for (t, c) in threads {
+            self.flag(
+                "leak",
+                pid,
+                None,
+                format!("thread {t} started in the step (line {}) is still alive at its end", c + 1),
+                i,
+                &[start, c],
+            );
+        }
+    }
+}
+
+/// A blocking call that was given no timeout.
+fn unbounded(name: &str, args: &str) -> bool {
+    match name {
+        "futex" => args.contains("FUTEX_WAIT") && args.trim_end().ends_with("NULL"),
+        "poll" | "ppoll" => args.contains(", -1") || args.ends_with("NULL"),
+        "epoll_wait" | "epoll_pwait" => args.contains(", -1"),
+        "recvfrom" | "recvmsg" | "read" | "accept" | "accept4" => true,
+        _ => false,
+    }
+}

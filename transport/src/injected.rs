@@ -1,0 +1,68 @@
+//! Test-only lifecycle bugs (feature `bug-injection`), chosen at run time with
+//! `WRINGER_TRANSPORT_BUG`, so the harness's audit can be shown to catch each class. Each
+//! reproduces a real transport's mistake; none is reachable in a build without the feature.
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+/// A teardown written the wrong way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bug {
+    /// MSCCL++'s race: the descriptor is released right after `shutdown(Both)`, before the
+    /// receiver is joined.
+    CloseBeforeJoin,
+    /// The descriptor is closed while the receiver is still blocked in `recv` on it (a dup
+    /// wakes the receiver afterwards, so the bug does not also hang).
+    CloseWhileInUse,
+    /// The receiver goes on touching the descriptor after teardown released it.
+    UseAfterClose,
+}
+
+/// The bug this process was asked to have, if any.
+pub(crate) fn bug() -> Option<Bug> {
+    match std::env::var("WRINGER_TRANSPORT_BUG").ok()?.as_str() {
+        "close-before-join" => Some(Bug::CloseBeforeJoin),
+        "close-while-in-use" => Some(Bug::CloseWhileInUse),
+        "use-after-close" => Some(Bug::UseAfterClose),
+        _ => None,
+    }
+}
+
+/// The receiver's part of [`Bug::UseAfterClose`]: once stopped, keep polling its descriptor
+/// until teardown has closed it (bounded), touching it after the close.
+pub(crate) fn receiver_lingers(fd: RawFd) {
+    if bug() != Some(Bug::UseAfterClose) {
+        return;
+    }
+    let until = Instant::now() + Duration::from_millis(50);
+    while Instant::now() < until {
+        // SAFETY: F_GETFD only queries the descriptor table; on a closed fd it fails with
+        // EBADF, which is the bug being shown.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Close `fd` out from under its owners.
+pub(crate) fn close_raw(fd: RawFd) {
+    // SAFETY: deliberately wrong (that is the bug); the caller forgets the owning `Socket`, so
+    // the number is not closed a second time.
+    unsafe { libc::close(fd) };
+}
+
+/// A second descriptor for the same socket, to wake a receiver after the first was closed.
+pub(crate) fn dup(fd: RawFd) -> RawFd {
+    // SAFETY: dup has no memory-safety preconditions.
+    unsafe { libc::dup(fd) }
+}
+
+/// Shut down and close a descriptor made by [`dup`].
+pub(crate) fn shutdown_and_close(fd: RawFd) {
+    // SAFETY: `fd` came from `dup` and has no other owner.
+    unsafe {
+        libc::shutdown(fd, libc::SHUT_RDWR);
+        libc::close(fd);
+    }
+}
