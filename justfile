@@ -5,7 +5,7 @@ default:
     @just --list
 
 # Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
-test: build-deps (apt "chromium") cuda-tools
+test: build-deps (apt "chromium" "strace") cuda-tools
     WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
     cargo clippy --workspace --all-targets --all-features -- -D warnings
     # The GPU feature without RDMA must build on its own too.
@@ -13,7 +13,7 @@ test: build-deps (apt "chromium") cuda-tools
     cargo fmt --all --check
 
 # The main job: build in release and run every scenario this machine can run (loopback by default).
-test-local hosts="hosts/local.yaml" *args="": build-deps
+test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace")
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
     # The RDMA scenarios skip on loopback; where a soft-RoCE VM can run (just setup-rxe), they run there too.
     if [ "{{hosts}}" = "hosts/local.yaml" ] && command -v vng >/dev/null && [ -d /opt/wringer-vm/boot ]; then cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm.yaml --filter rdma {{args}} && cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm-pair.yaml --filter rdma-xhost {{args}}; fi

@@ -47,6 +47,10 @@ enum Command {
         /// Turn every skip into a failure.
         #[arg(long)]
         strict: bool,
+        /// Run without the lifecycle audit and perturbations the scenarios and profile ask
+        /// for (to measure what the audit costs, or where strace cannot run).
+        #[arg(long)]
+        no_audit: bool,
     },
     /// List scenarios with their requirements and whether this host profile can run them.
     List {
@@ -125,6 +129,7 @@ fn main() -> ExitCode {
             repeat,
             seed,
             strict,
+            no_audit,
         } => (|| {
             let profile = hosts::load(&hosts)?;
             let scenarios = load_all(&paths)?;
@@ -134,6 +139,7 @@ fn main() -> ExitCode {
                 repeat,
                 seed,
                 strict,
+                no_audit,
             };
             let mut progress = Progress::default();
             let mut files = ReportWriter::default();
@@ -148,6 +154,7 @@ fn main() -> ExitCode {
                 facts: &facts,
                 strict: false,
                 host_control: profile.kind == hosts::ProfileKind::Containers,
+                no_audit: false,
             };
             for l in load_all(&paths)? {
                 let s = &l.scenario;

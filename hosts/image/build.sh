@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the container test-host image locally (no registry): a minimal Debian with sshd, tc and
+# Build the container test-host image locally (no registry): a minimal Debian with sshd, tc, strace and
 # ps, imported into Docker as wringer-host:bookworm. Idempotent: does nothing when it exists.
 set -euo pipefail
 image="${1:-wringer-host:bookworm}"
@@ -9,7 +9,7 @@ if docker image inspect "$image" >/dev/null 2>&1; then
 fi
 root="$(mktemp -d /tmp/wringer-rootfs.XXXXXX)"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=openssh-server,iproute2,procps,ca-certificates \
+debootstrap --variant=minbase --include=openssh-server,iproute2,procps,ca-certificates,strace \
     bookworm "$root" http://deb.debian.org/debian
 # sshd: keys only, root allowed (the container is a throwaway test host), no DNS lookups.
 mkdir -p "$root/run/sshd" "$root/root/.ssh"

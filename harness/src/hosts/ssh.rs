@@ -169,11 +169,11 @@ pub fn deploy(target: &SshTarget, remote_dir: &str) -> Result<String> {
     let resolved = target
         .check(
             &["sh", "-c", "eval echo \"$1\"", "sh", &path],
-            Duration::from_secs(20),
+            Duration::from_secs(60),
         )?
         .trim()
         .to_string();
-    let has = target.run(&[&resolved, "--version"], None, Duration::from_secs(20))?;
+    let has = target.run(&[&resolved, "--version"], None, Duration::from_secs(60))?;
     if has.status.success() && String::from_utf8_lossy(&has.stdout).trim() == want {
         return Ok(resolved);
     }
@@ -202,7 +202,7 @@ pub fn deploy(target: &SshTarget, remote_dir: &str) -> Result<String> {
             String::from_utf8_lossy(&copy.stderr).trim()
         );
     }
-    let got = target.check(&[&resolved, "--version"], Duration::from_secs(20))?;
+    let got = target.check(&[&resolved, "--version"], Duration::from_secs(60))?;
     if got.trim() != want {
         bail!(
             "{}: {resolved} reports `{}`, expected `{want}`",

@@ -28,6 +28,7 @@ pub struct VmRun<'a> {
     pub files: &'a [PathBuf],
     pub repeat: Option<u32>,
     pub strict: bool,
+    pub no_audit: bool,
     pub seed: u64,
     /// The outer run's report folder; the VM writes under `vm/` there.
     pub dir: &'a Path,
@@ -103,6 +104,9 @@ fn wringer_run(req: &VmRun, hosts: &Path, inner: &Path) -> Result<String, String
     }
     if req.strict {
         args.push("--strict".into());
+    }
+    if req.no_audit {
+        args.push("--no-audit".into());
     }
     let words: Vec<String> = args.iter().map(|a| quote(a)).collect();
     Ok(format!(

@@ -26,14 +26,24 @@ const TRACED: &str = "%desc,%network,%process";
 /// offset drawn from `seed`, so a run replays from its seed.
 pub fn strace_command(perturb: &[Perturb], seed: u64, out: &Path) -> Vec<String> {
     let mut args: Vec<String> = [
-        "strace", "-f", "-q", "-ttt", "-s", "96", "--seccomp-bpf", "-e",
+        "strace",
+        "-f",
+        "-q",
+        "-ttt",
+        "-s",
+        "96",
+        "--seccomp-bpf",
+        "-e",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     args.push(format!("trace={TRACED}"));
     for (i, p) in perturb.iter().enumerate() {
-        args.push(format!("--inject={}", inject_expr(p, seed.wrapping_add(i as u64))));
+        args.push(format!(
+            "--inject={}",
+            inject_expr(p, seed.wrapping_add(i as u64))
+        ));
     }
     args.extend(["-o".into(), out.display().to_string(), "--".into()]);
     args
@@ -93,20 +103,29 @@ enum Event<'a> {
         ret: &'a str,
     },
     /// A call that started and did not finish yet.
-    Started { name: &'a str, args: &'a str },
+    Started {
+        name: &'a str,
+        args: &'a str,
+    },
     /// The rest of a call started earlier on this thread.
-    Resumed { name: &'a str, ret: &'a str },
+    Resumed {
+        name: &'a str,
+        ret: &'a str,
+    },
     /// The thread ended.
     Exited,
     Other,
 }
 
 fn parse_line(line: &str) -> Option<(u32, Event<'_>)> {
-    let (tid, rest) = line.split_once(' ')?;
+    let (tid, rest) = line.trim_start().split_once(' ')?;
     let tid: u32 = tid.trim().parse().ok()?;
-    // Skip the timestamp when there is one.
+    // Skip the timestamp when there is one (strace pads short pids with spaces).
+    let rest = rest.trim_start();
     let rest = match rest.split_once(' ') {
-        Some((ts, r)) if ts.contains('.') && ts.chars().all(|c| c.is_ascii_digit() || c == '.') => r,
+        Some((ts, r)) if ts.contains('.') && ts.chars().all(|c| c.is_ascii_digit() || c == '.') => {
+            r
+        }
         _ => rest,
     };
     let rest = rest.trim_start();
@@ -115,10 +134,13 @@ fn parse_line(line: &str) -> Option<(u32, Event<'_>)> {
     }
     if let Some(r) = rest.strip_prefix("<... ") {
         let (name, after) = r.split_once(" resumed>")?;
-        return Some((tid, Event::Resumed {
-            name,
-            ret: result_of(after),
-        }));
+        return Some((
+            tid,
+            Event::Resumed {
+                name,
+                ret: result_of(after),
+            },
+        ));
     }
     let open = rest.find('(')?;
     let name = &rest[..open];
@@ -132,11 +154,14 @@ fn parse_line(line: &str) -> Option<(u32, Event<'_>)> {
     if matches!(name, "exit") {
         return Some((tid, Event::Exited));
     }
-    Some((tid, Event::Call {
-        name,
-        args: body,
-        ret: result_of(body),
-    }))
+    Some((
+        tid,
+        Event::Call {
+            name,
+            args: body,
+            ret: result_of(body),
+        },
+    ))
 }
 
 /// The text after the last ` = `, e.g. `0`, `-1 EBADF (Bad file descriptor)`, `?`.
@@ -159,12 +184,44 @@ fn fd_arg(name: &str, args: &str) -> Option<i32> {
 fn takes_fd(name: &str) -> bool {
     matches!(
         name,
-        "read" | "readv" | "pread64" | "preadv" | "write" | "writev" | "pwrite64" | "close"
-            | "recvfrom" | "recvmsg" | "recvmmsg" | "sendto" | "sendmsg" | "sendmmsg"
-            | "shutdown" | "accept" | "accept4" | "connect" | "bind" | "listen"
-            | "getsockopt" | "setsockopt" | "getsockname" | "getpeername" | "fcntl"
-            | "ioctl" | "fstat" | "newfstatat" | "lseek" | "epoll_ctl" | "epoll_wait"
-            | "epoll_pwait" | "fsync" | "ftruncate" | "dup" | "dup2" | "dup3" | "sendfile"
+        "read"
+            | "readv"
+            | "pread64"
+            | "preadv"
+            | "write"
+            | "writev"
+            | "pwrite64"
+            | "close"
+            | "recvfrom"
+            | "recvmsg"
+            | "recvmmsg"
+            | "sendto"
+            | "sendmsg"
+            | "sendmmsg"
+            | "shutdown"
+            | "accept"
+            | "accept4"
+            | "connect"
+            | "bind"
+            | "listen"
+            | "getsockopt"
+            | "setsockopt"
+            | "getsockname"
+            | "getpeername"
+            | "fcntl"
+            | "ioctl"
+            | "fstat"
+            | "newfstatat"
+            | "lseek"
+            | "epoll_ctl"
+            | "epoll_wait"
+            | "epoll_pwait"
+            | "fsync"
+            | "ftruncate"
+            | "dup"
+            | "dup2"
+            | "dup3"
+            | "sendfile"
             | "splice"
     )
 }
@@ -175,7 +232,10 @@ fn receives(name: &str) -> bool {
 
 /// Syscalls whose result is a new fd (or two, for pipes and socket pairs).
 fn creates_fds(name: &str, args: &str, ret: &str) -> Vec<i32> {
-    let ok = ret.split_whitespace().next().and_then(|r| r.parse::<i32>().ok());
+    let ok = ret
+        .split_whitespace()
+        .next()
+        .and_then(|r| r.parse::<i32>().ok());
     match name {
         "socket" | "accept" | "accept4" | "open" | "openat" | "dup" | "dup2" | "dup3"
         | "eventfd" | "eventfd2" | "epoll_create" | "epoll_create1" | "timerfd_create"
@@ -275,7 +335,15 @@ impl Audit<'_> {
             .collect()
     }
 
-    fn flag(&mut self, check: &'static str, pid: u32, fd: Option<i32>, detail: String, at: usize, also: &[usize]) {
+    fn flag(
+        &mut self,
+        check: &'static str,
+        pid: u32,
+        fd: Option<i32>,
+        detail: String,
+        at: usize,
+        also: &[usize],
+    ) {
         let context = self.context(at, also);
         self.out.push(Violation {
             check,
@@ -384,7 +452,10 @@ impl Audit<'_> {
                         "use after close",
                         pid,
                         Some(fd),
-                        format!("thread {tid} called {name}() on fd {fd} after its close (line {})", c + 1),
+                        format!(
+                            "thread {tid} called {name}() on fd {fd} after its close (line {})",
+                            c + 1
+                        ),
                         i,
                         &[c],
                     );
@@ -463,15 +534,23 @@ impl Audit<'_> {
             );
         }
         let fd = fd_arg(name, args);
-        if let (Some(fd), true) = (fd, ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle)) {
+        if let (Some(fd), true) = (
+            fd,
+            ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle),
+        ) {
             let closed = self.procs[&pid].fds.get(&fd).and_then(|f| f.closed_at);
-            let already = self.out.iter().any(|v| v.check == "use after close" && v.context.iter().any(|(n, _)| *n == i + 1));
+            let already = self.out.iter().any(|v| {
+                v.check == "use after close" && v.context.iter().any(|(n, _)| *n == i + 1)
+            });
             if let (Some(c), false) = (closed, already) {
                 self.flag(
                     "use after close",
                     pid,
                     Some(fd),
-                    format!("thread {tid} called {name}() on fd {fd} after its close (line {}): EBADF", c + 1),
+                    format!(
+                        "thread {tid} called {name}() on fd {fd} after its close (line {}): EBADF",
+                        c + 1
+                    ),
                     i,
                     &[c],
                 );
@@ -495,7 +574,9 @@ impl Audit<'_> {
         if !(args.contains("step-result") || args.contains("step-error")) {
             return;
         }
-        let Some(start) = self.step.remove(&pid) else { return };
+        let Some(start) = self.step.remove(&pid) else {
+            return;
+        };
         if !self.on(AuditCheck::Leaks) {
             return;
         }
@@ -516,7 +597,10 @@ impl Audit<'_> {
                 "leak",
                 pid,
                 Some(n),
-                format!("fd {n} created in the step (line {}) is still open at its end", c + 1),
+                format!(
+                    "fd {n} created in the step (line {}) is still open at its end",
+                    c + 1
+                ),
                 i,
                 &[start, c],
             );
@@ -526,7 +610,10 @@ impl Audit<'_> {
                 "leak",
                 pid,
                 None,
-                format!("thread {t} started in the step (line {}) is still alive at its end", c + 1),
+                format!(
+                    "thread {t} started in the step (line {}) is still alive at its end",
+                    c + 1
+                ),
                 i,
                 &[start, c],
             );
@@ -542,5 +629,251 @@ fn unbounded(name: &str, args: &str) -> bool {
         "epoll_wait" | "epoll_pwait" => args.contains(", -1"),
         "recvfrom" | "recvmsg" | "read" | "accept" | "accept4" => true,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::duration::Dur;
+
+    const LIFECYCLE: &[AuditCheck] = &[AuditCheck::FdLifecycle];
+
+    fn checks_of(trace: &str, checks: &[AuditCheck]) -> Vec<&'static str> {
+        analyse(trace, checks).iter().map(|v| v.check).collect()
+    }
+
+    /// The correct teardown: shutdown wakes the receiver, it exits, then the fd is closed.
+    const CORRECT: &str = "\
+100 1.000 socket(AF_INET, SOCK_STREAM|SOCK_CLOEXEC, IPPROTO_IP) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD|CLONE_SYSVSEM, child_tid=0x1} => {parent_tid=[101]}, 88) = 101
+101 1.002 recvfrom(7,  <unfinished ...>
+100 1.003 shutdown(7, SHUT_RDWR) = 0
+101 1.004 <... recvfrom resumed>\"\", 65536, 0, NULL, NULL) = 0
+101 1.005 exit(0)                 = ?
+101 1.006 +++ exited with 0 +++
+100 1.007 close(7)                = 0
+";
+
+    #[test]
+    fn the_correct_teardown_order_has_no_violation() {
+        assert!(analyse(CORRECT, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn closing_before_the_receiver_exits_is_flagged() {
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+101 1.002 recvfrom(7,  <unfinished ...>
+100 1.003 shutdown(7, SHUT_RDWR) = 0
+101 1.004 <... recvfrom resumed>\"\", 65536, 0, NULL, NULL) = 0
+100 1.005 close(7)                = 0
+101 1.006 exit(0)                 = ?
+";
+        let v = analyse(t, LIFECYCLE);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].check, "close before the receiver is done");
+        assert_eq!(v[0].fd, Some(7));
+        assert_eq!(v[0].pid, 100);
+        assert!(v[0]
+            .context
+            .iter()
+            .any(|(n, l)| *n == 6 && l.contains("close(7)")));
+    }
+
+    #[test]
+    fn closing_while_another_thread_is_inside_a_call_on_the_fd_is_flagged() {
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone(child_stack=0x1, flags=CLONE_VM|CLONE_THREAD) = 101
+101 1.002 recvfrom(7,  <unfinished ...>
+100 1.003 close(7)                = 0
+101 1.004 <... recvfrom resumed>\"\", 65536, 0, NULL, NULL) = 0
+101 1.005 exit(0)                 = ?
+";
+        let found = checks_of(t, LIFECYCLE);
+        assert!(found.contains(&"close while in use"), "{found:?}");
+    }
+
+    #[test]
+    fn a_call_on_a_closed_fd_by_its_old_user_is_a_use_after_close() {
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+101 1.002 recvfrom(7, \"x\", 65536, 0, NULL, NULL) = 1
+101 1.003 futex(0x1, FUTEX_WAKE_PRIVATE, 1) = 0
+100 1.004 close(7)                = 0
+101 1.005 recvfrom(7, 0x1, 65536, 0, NULL, NULL) = -1 EBADF (Bad file descriptor)
+";
+        assert_eq!(checks_of(t, LIFECYCLE), vec!["use after close"]);
+    }
+
+    #[test]
+    fn a_reused_number_is_a_new_descriptor_for_whoever_created_it() {
+        let t = "\
+100 1.000 openat(AT_FDCWD, \"/a\", O_RDONLY) = 3
+100 1.001 read(3, \"a\", 10) = 1
+100 1.002 close(3)                = 0
+100 1.003 openat(AT_FDCWD, \"/b\", O_RDONLY) = 3
+100 1.004 read(3, \"b\", 10) = 1
+100 1.005 close(3)                = 0
+";
+        assert!(analyse(t, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn a_thread_that_handed_its_socket_over_is_not_its_receiver() {
+        // A handshake thread reads the hello, answers, starts the connection's receiver and
+        // moves on; the connection is then torn down correctly while it still lives.
+        let t = "\
+100 1.000 accept4(3, {sa_family=AF_INET}, [16], SOCK_CLOEXEC) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[102]}, 88) = 102
+102 1.002 recvfrom(7, \"hello\", 44, 0, NULL, NULL) = 44
+102 1.003 sendto(7, \"ack\", 20, MSG_NOSIGNAL, NULL, 0) = 20
+102 1.004 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[103]}, 88) = 103
+103 1.005 recvfrom(7,  <unfinished ...>
+100 1.006 shutdown(7, SHUT_RDWR) = 0
+103 1.007 <... recvfrom resumed>\"\", 65536, 0, NULL, NULL) = 0
+103 1.008 exit(0)                 = ?
+100 1.009 close(7)                = 0
+102 1.010 exit(0)                 = ?
+";
+        assert!(
+            analyse(t, LIFECYCLE).is_empty(),
+            "{:?}",
+            analyse(t, LIFECYCLE)
+        );
+    }
+
+    #[test]
+    fn separate_processes_never_share_descriptors() {
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone(child_stack=NULL, flags=CLONE_CHILD_CLEARTID|SIGCHLD) = 200
+200 1.002 recvfrom(7,  <unfinished ...>
+100 1.003 close(7)                = 0
+";
+        assert!(analyse(t, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn checks_that_were_not_asked_for_report_nothing() {
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+101 1.002 recvfrom(7,  <unfinished ...>
+100 1.003 close(7)                = 0
+";
+        assert!(analyse(t, &[AuditCheck::Leaks]).is_empty());
+    }
+
+    #[test]
+    fn a_step_that_leaves_an_fd_and_a_thread_behind_leaks_both() {
+        let t = "\
+100 1.000 write(5, \"{\\\"type\\\":\\\"step-start\\\",\\\"step\\\":0}\\n\", 31) = 31
+100 1.001 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.002 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 8
+100 1.003 close(8)                = 0
+100 1.004 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+100 1.005 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[102]}, 88) = 102
+102 1.006 exit(0)                 = ?
+100 1.007 write(5, \"{\\\"type\\\":\\\"step-result\\\",\\\"step\\\":0}\\n\", 32) = 32
+";
+        let v = analyse(t, &[AuditCheck::Leaks]);
+        let details: Vec<&str> = v.iter().map(|v| v.detail.as_str()).collect();
+        assert_eq!(v.len(), 2, "{details:?}");
+        assert!(details[0].starts_with("fd 7 created in the step"));
+        assert!(details[1].starts_with("thread 101 started in the step"));
+    }
+
+    #[test]
+    fn what_existed_before_the_step_is_not_its_leak() {
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+100 1.002 write(5, \"step-start\", 31) = 31
+100 1.003 write(5, \"step-result\", 32) = 32
+";
+        assert!(analyse(t, &[AuditCheck::Leaks]).is_empty());
+    }
+
+    #[test]
+    fn a_blocking_call_without_a_timeout_at_the_end_is_an_unbounded_wait() {
+        let t = "\
+100 1.000 futex(0x7f, FUTEX_WAIT_PRIVATE, 2, NULL <unfinished ...>
+101 1.001 futex(0x7e, FUTEX_WAIT_BITSET_PRIVATE|FUTEX_CLOCK_REALTIME, 0, {tv_sec=1, tv_nsec=0}, FUTEX_BITSET_MATCH_ANY <unfinished ...>
+102 1.002 poll([{fd=3, events=POLLIN}], 1, -1 <unfinished ...>
+103 1.003 poll([{fd=4, events=POLLIN}], 1, 500 <unfinished ...>
+";
+        let v = analyse(t, &[AuditCheck::UnboundedWaits]);
+        let threads: Vec<u32> = v.iter().map(|v| v.pid).collect();
+        assert_eq!(threads, vec![100, 102], "{v:?}");
+    }
+
+    #[test]
+    fn pipes_and_dups_make_descriptors_too() {
+        let t = "\
+100 1.000 pipe2([3, 4], O_CLOEXEC) = 0
+100 1.001 dup(3)                  = 5
+100 1.002 read(5, \"\", 1) = 0
+100 1.003 close(5)                = 0
+100 1.004 close(4)                = 0
+100 1.005 close(3)                = 0
+";
+        assert!(analyse(t, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn short_pids_padded_with_spaces_parse_the_same() {
+        let padded = CORRECT.replace("100 ", "100  ").replace("101 ", "101   ");
+        assert!(analyse(&padded, LIFECYCLE).is_empty());
+        let broken = "\
+7868  1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+7868  1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[7869]}, 88) = 7869
+7869  1.002 recvfrom(7,  <unfinished ...>
+7868  1.003 close(7)                = 0
+";
+        assert_eq!(checks_of(broken, LIFECYCLE)[0], "close while in use");
+    }
+
+    #[test]
+    fn lines_strace_did_not_write_as_calls_are_ignored() {
+        let t = "\
+garbage
+100 1.000 --- SIGCHLD {si_signo=SIGCHLD} ---
+100 1.001 +++ killed by SIGKILL +++
+not-a-pid 1.0 close(3) = 0
+";
+        assert!(analyse(t, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn the_strace_command_carries_seeded_perturbations() {
+        let p = Perturb {
+            syscall: "recvfrom".into(),
+            delay_enter: None,
+            delay_exit: Some(Dur(std::time::Duration::from_micros(200))),
+            probability: Some(0.25),
+        };
+        let a = strace_command(std::slice::from_ref(&p), 7, Path::new("/tmp/t"));
+        let b = strace_command(std::slice::from_ref(&p), 7, Path::new("/tmp/t"));
+        assert_eq!(a, b, "the same seed gives the same perturbation");
+        let inject = a.iter().find(|x| x.starts_with("--inject=")).unwrap();
+        assert!(
+            inject.starts_with("--inject=recvfrom:delay_exit=200:when="),
+            "{inject}"
+        );
+        assert!(inject.ends_with("+4"), "every 4th call: {inject}");
+        assert_eq!(&a[a.len() - 3..], ["-o", "/tmp/t", "--"]);
+        let always = Perturb {
+            probability: None,
+            ..p
+        };
+        let c = strace_command(&[always], 7, Path::new("/tmp/t"));
+        assert!(
+            c.contains(&"--inject=recvfrom:delay_exit=200".to_string()),
+            "{c:?}"
+        );
     }
 }

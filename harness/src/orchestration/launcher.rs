@@ -20,9 +20,9 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use crate::hosts::placement::Placement;
+use crate::hosts::placement::RemoteHost;
 use crate::model::scenario::Perturb;
 use crate::orchestration::audit;
-use crate::hosts::placement::RemoteHost;
 use crate::rank::protocol::TOKEN_ENV;
 
 struct RankProc {
@@ -302,7 +302,9 @@ impl RankGroup {
                 .target
                 .check(&["cat", &remote], Duration::from_secs(60))
                 .with_context(|| format!("fetching {remote} from {}", h.target.name))?;
-            let _ = h.target.run(&["rm", "-f", &remote], None, Duration::from_secs(10));
+            let _ = h
+                .target
+                .run(&["rm", "-f", &remote], None, Duration::from_secs(10));
             std::fs::write(&local, &text)?;
             return Ok(text);
         }
@@ -352,5 +354,8 @@ impl Drop for RankGroup {
 /// Where a remote rank's trace is written on its host (unique per attempt: the rendezvous
 /// port is).
 fn remote_trace(rendezvous: SocketAddr, rank: u32) -> String {
-    format!("/tmp/wringer-trace-{}-rank-{rank}.strace", rendezvous.port())
+    format!(
+        "/tmp/wringer-trace-{}-rank-{rank}.strace",
+        rendezvous.port()
+    )
 }

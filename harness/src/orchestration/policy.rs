@@ -54,6 +54,8 @@ pub struct Policy<'a> {
     pub strict: bool,
     /// Whether the hosts can be killed, frozen or cut off (the containers profile).
     pub host_control: bool,
+    /// `--no-audit`: nothing runs under strace.
+    pub no_audit: bool,
 }
 
 impl Policy<'_> {
@@ -73,7 +75,8 @@ impl Policy<'_> {
                 return self.unmet(reason, &[*req]);
             }
         }
-        let traced = !s.audit.is_empty() || !s.perturb.is_empty() || !self.profile.audit.is_empty();
+        let traced = !self.no_audit
+            && (!s.audit.is_empty() || !s.perturb.is_empty() || !self.profile.audit.is_empty());
         if let Some(f) = self.facts.iter().find(|f| traced && !f.strace) {
             let reason = SkipReason {
                 code: "no-strace",
@@ -158,6 +161,7 @@ mod tests {
             facts: &facts,
             strict,
             host_control,
+            no_audit: false,
         };
         policy.decide(&scenario(s).scenario)
     }
@@ -195,6 +199,29 @@ mod tests {
     }
 
     #[test]
+    fn an_audited_scenario_needs_strace_unless_the_audit_is_off() {
+        let s = scenario("tcp-teardown-cycles");
+        assert!(!s.scenario.audit.is_empty());
+        let p = profile::load(&repo("hosts/local.yaml")).unwrap();
+        let mut f = bare();
+        f.strace = false;
+        let facts = [f];
+        let mut policy = Policy {
+            profile: &p,
+            facts: &facts,
+            strict: false,
+            host_control: false,
+            no_audit: false,
+        };
+        let Decision::Skip(why) = policy.decide(&s.scenario) else {
+            panic!("expected a skip")
+        };
+        assert!(why.starts_with("no-strace:"), "{why}");
+        policy.no_audit = true;
+        assert_eq!(policy.decide(&s.scenario), Decision::Run);
+    }
+
+    #[test]
     fn a_host_level_fault_without_host_control_is_skipped() {
         let s = scenario("tcp-xhost-peer-host-death");
         assert!(s
@@ -213,6 +240,7 @@ mod tests {
             facts: &facts,
             strict: false,
             host_control: false,
+            no_audit: false,
         };
         let Decision::Skip(why) = policy.decide(&s.scenario) else {
             panic!("expected a skip")
@@ -236,6 +264,7 @@ mod tests {
             facts: &facts,
             strict: false,
             host_control: false,
+            no_audit: false,
         };
         let rdma = [Requirement::Rdma];
         assert!(matches!(

@@ -18,8 +18,8 @@ use crate::hosts::profile::{HostProfile, ProfileKind};
 use crate::hosts::vm;
 use crate::model::metric::{Metric, SampleKey};
 use crate::model::requirement::SkipReason;
-use crate::model::scenario::{AuditCheck, Perturb};
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
+use crate::model::scenario::{AuditCheck, Perturb};
 use crate::rank::steps::Loaded;
 
 pub struct RunOptions {
@@ -28,6 +28,8 @@ pub struct RunOptions {
     pub repeat: Option<u32>,
     pub seed: Option<u64>,
     pub strict: bool,
+    /// Ignore the audit and perturbations scenarios and the profile ask for.
+    pub no_audit: bool,
 }
 
 /// Run the scenarios; returns the process exit code (0 pass/skip, 1 any failure).
@@ -88,6 +90,7 @@ pub fn run(
         facts: &facts,
         strict: opts.strict,
         host_control: placement.containers().is_some(),
+        no_audit: opts.no_audit,
     };
     if matches!(profile.kind, ProfileKind::RxeVm | ProfileKind::RxeVmPair) {
         // The whole run happens inside the VM; its results are recorded here as they are.
@@ -182,6 +185,7 @@ fn in_vm(
         files: &files,
         repeat: opts.repeat,
         strict: opts.strict,
+        no_audit: opts.no_audit,
         seed,
         dir,
         budget,
@@ -258,7 +262,11 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
     let mut audit: Vec<AuditCheck> = s.audit.iter().chain(cx.profile_audit).copied().collect();
     audit.sort();
     audit.dedup();
-    let perturb: Vec<Perturb> = s.perturb.iter().map(|p| p.value.clone()).collect();
+    let mut perturb: Vec<Perturb> = s.perturb.iter().map(|p| p.value.clone()).collect();
+    if cx.opts.no_audit {
+        audit.clear();
+        perturb.clear();
+    }
     let repeats = cx.opts.repeat.unwrap_or(s.repeat);
     let mut seen = Observed::default();
     for repeat in 0..repeats {

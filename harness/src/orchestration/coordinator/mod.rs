@@ -21,8 +21,8 @@ use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
 use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb, StepSpec};
 use crate::orchestration::audit;
-use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::RankGroup;
+use crate::orchestration::launcher::Tracing;
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::Step;
 
@@ -321,18 +321,26 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<String> {
         let text = match group.fetch_trace(rank) {
             Ok(t) if !t.trim().is_empty() => t,
             Ok(_) => {
-                found.push(format!("audit: rank {rank}'s trace {} is empty", path.display()));
+                found.push(format!(
+                    "audit: rank {rank}'s trace {} is empty",
+                    path.display()
+                ));
                 continue;
             }
             Err(e) => {
-                found.push(format!("audit: rank {rank}'s trace could not be read: {e:#}"));
+                found.push(format!(
+                    "audit: rank {rank}'s trace could not be read: {e:#}"
+                ));
                 continue;
             }
         };
         let violations = audit::analyse(&text, &checks);
         let shown = violations.len().min(MAX_VIOLATIONS_SHOWN);
         for v in &violations[..shown] {
-            found.push(format!("audit: rank {rank}: {v}\n    (trace: {})", path.display()));
+            found.push(format!(
+                "audit: rank {rank}: {v}\n    (trace: {})",
+                path.display()
+            ));
         }
         if violations.len() > shown {
             found.push(format!(

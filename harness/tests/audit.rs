@@ -1,0 +1,132 @@
+//! The lifecycle audit end to end: lifecycle bugs switched into the transport (test-only, see
+//! transport's `bug-injection` feature) fail an audited teardown scenario on every run, the
+//! correct transport passes it, and the audit works on a program wringer did not write.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use harness::model::scenario::AuditCheck;
+use harness::orchestration::audit;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn need(tool: &str) {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+    assert!(
+        found,
+        "{tool} is not installed: install Debian's `{tool}` (`just test` and .ci/run do)"
+    );
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wringer-audit-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Run the audited teardown fixture with `bug` switched on; returns (exit code, failures).
+#[cfg(feature = "bug-injection")]
+fn audited_teardown(bug: &str, run: u32) -> (i32, Vec<String>) {
+    need("strace");
+    let dir = temp(&format!("{bug}-{run}"));
+    let out = Command::new(env!("CARGO_BIN_EXE_wringer"))
+        .current_dir(repo())
+        .args([
+            "run",
+            "harness/tests/fixtures/audited-teardown.yaml",
+            "--report-dir",
+        ])
+        .arg(&dir)
+        .env("CI", "true")
+        .env("WRINGER_TRANSPORT_BUG", bug)
+        .output()
+        .unwrap();
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
+    let failures = results["scenarios"][0]["evidence"]["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    (out.status.code().unwrap_or(-1), failures)
+}
+
+#[cfg(feature = "bug-injection")]
+fn caught_every_time(bug: &str, check: &str) {
+    for run in 0..3 {
+        let (code, failures) = audited_teardown(bug, run);
+        assert_eq!(code, 1, "run {run} of {bug} passed: {failures:?}");
+        assert!(
+            failures
+                .iter()
+                .any(|f| f.contains(&format!("audit: rank 0: {check} in pid"))),
+            "run {run} of {bug}: no `{check}` among {failures:#?}"
+        );
+    }
+}
+
+#[test]
+#[cfg(feature = "bug-injection")]
+fn releasing_the_descriptor_before_joining_the_receiver_fails_every_run() {
+    caught_every_time("close-before-join", "close before the receiver is done");
+}
+
+#[test]
+#[cfg(feature = "bug-injection")]
+fn closing_a_descriptor_the_receiver_is_blocked_on_fails_every_run() {
+    caught_every_time("close-while-in-use", "close while in use");
+}
+
+#[test]
+#[cfg(feature = "bug-injection")]
+fn touching_the_descriptor_after_teardown_fails_every_run() {
+    caught_every_time("use-after-close", "use after close");
+}
+
+#[test]
+#[cfg(feature = "bug-injection")]
+fn the_correct_transport_passes_the_audited_teardown() {
+    for run in 0..3 {
+        let (code, failures) = audited_teardown("none", run);
+        assert_eq!(code, 0, "run {run}: {failures:#?}");
+        assert!(failures.is_empty());
+    }
+}
+
+#[test]
+fn the_audit_catches_a_broken_program_wringer_did_not_write() {
+    need("strace");
+    need("cc");
+    let dir = temp("c-fixture");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("close_in_use");
+    let src = repo().join("harness/tests/fixtures/broken/close_in_use.c");
+    let cc = Command::new("cc")
+        .args(["-O0", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(cc.success(), "compiling {}", src.display());
+    let trace = dir.join("trace");
+    let words = audit::strace_command(&[], 1, &trace);
+    let status = Command::new(&words[0])
+        .args(&words[1..])
+        .arg(&exe)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let found: Vec<&str> = audit::analyse(&text, &[AuditCheck::FdLifecycle])
+        .iter()
+        .map(|v| v.check)
+        .collect();
+    assert!(found.contains(&"close while in use"), "{found:?}\n{text}");
+    assert!(found.contains(&"use after close"), "{found:?}\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
