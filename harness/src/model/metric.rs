@@ -63,6 +63,14 @@ pub enum Metric {
     GpuBandwidthGbps,
     /// 1 when both of a rank's GPU regions were registered through dmabuf, 0 when staged.
     GpuDmabuf,
+    /// Case-table steps (an adversary plays several cases): how many cases ran,
+    Cases,
+    /// how many ended with another outcome than the case demands,
+    CasesMisclassified,
+    /// how many ended later than the case's deadline allows,
+    CasesLate,
+    /// and the slowest case's time to its outcome.
+    SlowestCaseMs,
 }
 
 impl Metric {

@@ -3,29 +3,10 @@
 //! A new step kind is a file holding its parameters (the YAML mapping under the kind's name),
 //! its [`StepKind`] implementation and its unit tests, plus one line in [`registry!`] below.
 
-mod eof_truncation;
-mod exact_reads;
-mod exit_before_first_exchange;
-mod gpu_pingpong_rdma;
-mod gpu_pingpong_tcp;
 mod gpu_support;
-mod lazy_connect;
-mod lazy_connect_partition;
-mod peer_death;
-mod pingpong;
 mod raw_peer;
-mod rdma_graceful_shutdown;
-mod rdma_interface_index;
-mod rdma_interop_rc_pingpong;
-mod rdma_lossless_stream;
-mod rdma_peer_death;
-mod rdma_pingpong;
 pub mod rdma_support;
-mod rdma_xhost_send;
-mod receiver_error;
-pub mod stall;
 mod support;
-mod teardown_cycles;
 
 use std::time::Duration;
 
@@ -47,13 +28,16 @@ pub trait StepKind: StepSpec {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()>;
 }
 
-/// The registry: each line names a step kind as YAML spells it and the file that holds it.
+/// The registry: each line names a step kind as YAML spells it and the file (module) that
+/// holds it; the line declares the module too.
 macro_rules! registry {
-    ($($variant:ident($ty:ty) = $name:literal,)*) => {
+    ($($variant:ident($module:ident::$ty:ident) = $name:literal,)*) => {
+        $(pub mod $module;)*
+
         /// One step of a scenario: the kind's name as the YAML key, its parameters as the value.
         #[derive(Clone, Debug, Deserialize, Serialize)]
         pub enum Step {
-            $(#[serde(rename = $name)] $variant($ty),)*
+            $(#[serde(rename = $name)] $variant($module::$ty),)*
         }
 
         impl Step {
@@ -90,6 +74,7 @@ registry! {
     RdmaInteropRcPingpong(rdma_interop_rc_pingpong::RdmaInteropRcPingpong) = "rdma-interop-rc-pingpong",
     GpuPingpongTcp(gpu_pingpong_tcp::GpuPingpongTcp) = "gpu-pingpong-tcp",
     GpuPingpongRdma(gpu_pingpong_rdma::GpuPingpongRdma) = "gpu-pingpong-rdma",
+    ListenerNeverAnswers(listener_never_answers::ListenerNeverAnswers) = "listener-never-answers",
     Stall(stall::Stall) = "stall",
 }
 
