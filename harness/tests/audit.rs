@@ -114,7 +114,7 @@ fn the_audit_catches_a_broken_program_wringer_did_not_write() {
         .unwrap();
     assert!(cc.success(), "compiling {}", src.display());
     let trace = dir.join("trace");
-    let words = audit::strace_command(&[], 1, &trace);
+    let words = audit::strace_command(&[AuditCheck::FdLifecycle], &[], 1, &trace);
     let status = Command::new(&words[0])
         .args(&words[1..])
         .arg(&exe)

@@ -21,7 +21,7 @@ use nix::unistd::Pid;
 
 use crate::hosts::placement::Placement;
 use crate::hosts::placement::RemoteHost;
-use crate::model::scenario::Perturb;
+use crate::model::scenario::{AuditCheck, Perturb};
 use crate::orchestration::audit;
 use crate::rank::protocol::TOKEN_ENV;
 
@@ -36,6 +36,7 @@ struct RankProc {
 
 /// Ranks run under strace for the lifecycle audit, with these perturbations.
 pub struct Tracing<'a> {
+    pub checks: &'a [AuditCheck],
     pub perturb: &'a [Perturb],
     pub seed: u64,
 }
@@ -82,7 +83,7 @@ impl RankGroup {
                     let mut c = match tracing {
                         Some(t) => {
                             let trace = group.trace_path(rank);
-                            let words = audit::strace_command(t.perturb, t.seed, &trace);
+                            let words = audit::strace_command(t.checks, t.perturb, t.seed, &trace);
                             let mut c = Command::new(&words[0]);
                             c.args(&words[1..]).arg(exe);
                             c
@@ -106,6 +107,7 @@ impl RankGroup {
                     let h = &hosts[placement.host_of(rank)];
                     let mut words: Vec<String> = match tracing {
                         Some(t) => audit::strace_command(
+                            t.checks,
                             t.perturb,
                             t.seed,
                             Path::new(&remote_trace(rendezvous, rank)),

@@ -345,6 +345,10 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
                 .evidence
                 .rank_logs
                 .extend(attempt.logs.iter().cloned());
+        } else {
+            // A passing repeat's syscall traces are large and prove nothing new; the first
+            // repeat's and every failing one's stay.
+            drop_traces(&log_dir);
         }
         // A hang or interruption ends the scenario: further repeats would only repeat it.
         if !result.evidence.stacks.is_empty() || attempt.interrupted {
@@ -371,6 +375,17 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
     }
     result.duration_s = started.elapsed().as_secs_f64();
     result
+}
+
+fn drop_traces(log_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(log_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.path().extension().is_some_and(|x| x == "strace") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Metric summaries and latency percentiles, per metric and per series and size.

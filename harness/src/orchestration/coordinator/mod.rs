@@ -28,6 +28,8 @@ use crate::rank::steps::Step;
 
 /// How long ranks get to start and join the rendezvous.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long traced ranks get to start and join the rendezvous.
+const TRACED_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often the event loop checks deadlines and child exits when nothing arrives.
 const TICK: Duration = Duration::from_millis(20);
 
@@ -144,6 +146,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         Arc::clone(&rejected),
     );
     let tracing = (!plan.audit.is_empty() || !plan.perturb.is_empty()).then(|| Tracing {
+        checks: plan.audit,
         perturb: plan.perturb,
         seed: plan.seed,
     });
@@ -164,7 +167,12 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             .collect(),
         faults: plan.faults.to_vec(),
         deadline: plan.deadline,
-        join_timeout: JOIN_TIMEOUT,
+        // Starting under strace is slower (much slower in a TCG VM).
+        join_timeout: if tracing.is_some() {
+            TRACED_JOIN_TIMEOUT
+        } else {
+            JOIN_TIMEOUT
+        },
         pids: (!group.is_remote() && tracing.is_none())
             .then(|| (0..plan.ranks).map(|r| group.pid(r).unwrap_or(0)).collect()),
         host_of: (0..plan.ranks).map(|r| plan.placement.host_of(r)).collect(),
