@@ -232,7 +232,7 @@ impl Connection {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         #[cfg(feature = "bug-injection")]
-        if let Some(bug) = crate::injected::bug() {
+        if let Some(bug) = crate::injected::bug().filter(|b| b.in_teardown()) {
             return self.close_wrongly(bug, handle, socket);
         }
         if let Some(socket) = &socket {
@@ -274,6 +274,7 @@ impl Connection {
                 shutdown_and_close(spare);
                 let _ = handle.join();
             }
+            Bug::LateTimer | Bug::NoHelloBackstop => unreachable!("not a teardown bug"),
         }
         // The number is closed already; the Socket must not close it again.
         std::mem::forget(socket);

@@ -84,6 +84,11 @@ pub(crate) fn initiate(
         ControlError::Failed(reason) => Error::Handshake { addr, reason },
     };
     send_control(socket, Kind::Hello, &hello.encode(), deadline).map_err(failed)?;
+    #[cfg(feature = "bug-injection")]
+    let deadline = match crate::injected::bug() {
+        Some(crate::injected::Bug::NoHelloBackstop) => Instant::now() + Duration::from_secs(3600),
+        _ => deadline,
+    };
     let frame = read_control(socket, deadline).map_err(failed)?;
     match frame.header.kind {
         Kind::HelloAck => Ok(()),

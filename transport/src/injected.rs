@@ -16,6 +16,22 @@ pub(crate) enum Bug {
     CloseWhileInUse,
     /// The receiver goes on touching the descriptor after teardown released it.
     UseAfterClose,
+    /// Gloo review 2f: a lazy-connect wait reports its timeout even when a connection was
+    /// handed to it at that moment (the connection is lost; the initiator believes it is
+    /// connected).
+    LateTimer,
+    /// Gloo review 1a: the initiator waits for the listener's answer with no backstop.
+    NoHelloBackstop,
+}
+
+impl Bug {
+    /// A bug in the connection's teardown (the others live in the listener and handshake).
+    pub(crate) fn in_teardown(self) -> bool {
+        matches!(
+            self,
+            Bug::CloseBeforeJoin | Bug::CloseWhileInUse | Bug::UseAfterClose
+        )
+    }
 }
 
 /// The bug this process was asked to have, if any.
@@ -24,6 +40,8 @@ pub(crate) fn bug() -> Option<Bug> {
         "close-before-join" => Some(Bug::CloseBeforeJoin),
         "close-while-in-use" => Some(Bug::CloseWhileInUse),
         "use-after-close" => Some(Bug::UseAfterClose),
+        "late-timer" => Some(Bug::LateTimer),
+        "no-hello-backstop" => Some(Bug::NoHelloBackstop),
         _ => None,
     }
 }

@@ -200,6 +200,14 @@ impl Listener {
         if let Ok(result) = delivered.recv_timeout(timeout) {
             return result;
         }
+        #[cfg(feature = "bug-injection")]
+        if crate::injected::bug() == Some(crate::injected::Bug::LateTimer) {
+            self.shared.lock().pending.remove(&sequence);
+            return Err(Error::Timeout {
+                during: "waiting for a lazy connect",
+                after: timeout,
+            });
+        }
         let mut t = self.shared.lock();
         if t.pending
             .get(&sequence)

@@ -71,6 +71,14 @@ pub enum Metric {
     CasesLate,
     /// and the slowest case's time to its outcome.
     SlowestCaseMs,
+    /// Attempts a race step made,
+    Attempts,
+    /// those both sides saw connected,
+    BothConnected,
+    /// those neither side did (the initiator refused or closed, never left in silence),
+    NeitherConnected,
+    /// and those where the two sides disagree, or the initiator was left in silence.
+    Disagreements,
 }
 
 impl Metric {

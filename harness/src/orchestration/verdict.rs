@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_saphyr::Spanned;
 
 use crate::model::metric::{Bound, Metric};
-use crate::orchestration::coordinator::Attempt;
+use crate::orchestration::coordinator::{Attempt, COORDINATOR};
 
 /// Every reason this repeat failed; empty means it passed.
 pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Vec<String> {
@@ -53,8 +53,13 @@ pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Ve
         }
         for (rank, value) in seen {
             if let Err(why) = bound.value.check(value) {
+                let whose = if rank == COORDINATOR {
+                    "from both sides' evidence".to_string()
+                } else {
+                    format!("on rank {rank}")
+                };
                 failures.push(format!(
-                    "`{name}` on rank {rank}: {why} (expected {})",
+                    "`{name}` {whose}: {why} (expected {})",
                     bound.value
                 ));
             }

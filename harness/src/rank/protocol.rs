@@ -72,6 +72,10 @@ pub struct StepReport {
     pub samples: BTreeMap<SampleKey, Vec<f64>>,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Per-attempt outcomes, for steps whose verdict needs both sides (see
+    /// `StepKind::reconcile`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outcomes: Vec<String>,
 }
 
 impl StepReport {

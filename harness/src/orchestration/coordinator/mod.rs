@@ -145,7 +145,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         events_tx,
         Arc::clone(&rejected),
     );
-    let tracing = (!plan.audit.is_empty() || !plan.perturb.is_empty()).then(|| Tracing {
+    let tracing = (!plan.audit.is_empty() || !plan.perturb.is_empty()).then_some(Tracing {
         checks: plan.audit,
         perturb: plan.perturb,
         seed: plan.seed,
@@ -200,6 +200,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
     let _ = acceptor.join();
     attempt.absorb(outcome);
+    reconcile(plan.steps, attempt);
     attempt.rejected_connections = rejected.load(Ordering::Relaxed);
     result
 }
@@ -359,6 +360,29 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<String> {
         }
     }
     found
+}
+
+/// The rank number under which the coordinator's own derived evidence is reported.
+pub const COORDINATOR: u32 = u32::MAX;
+
+/// Evidence derived from every rank's report of a step (see `StepKind::reconcile`), reported
+/// as the coordinator's own.
+fn reconcile(steps: &[Step], attempt: &mut Attempt) {
+    for (i, step) in steps.iter().enumerate() {
+        let reports: Vec<(u32, &StepReport)> = attempt
+            .reports
+            .iter()
+            .filter(|(_, r)| r.step == i)
+            .map(|(rank, r)| (*rank, r))
+            .collect();
+        let derived = step.kind().reconcile(&reports);
+        if derived.is_empty() {
+            continue;
+        }
+        let mut r = StepReport::new(i);
+        r.metrics.extend(derived);
+        attempt.reports.push((COORDINATOR, r));
+    }
 }
 
 /// Violations quoted per rank; the rest are counted (the trace holds them all).

@@ -26,6 +26,13 @@ use crate::rank::protocol::StepReport;
 pub trait StepKind: StepSpec {
     /// What this rank does in the step; evidence goes into `report`.
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()>;
+
+    /// Evidence only the coordinator can derive, from every rank's report of this step (both
+    /// sides of each connection agreeing, say). The metrics must be among those declared;
+    /// expectations judge them like any other.
+    fn reconcile(&self, _reports: &[(u32, &StepReport)]) -> Vec<(Metric, f64)> {
+        vec![]
+    }
 }
 
 /// The registry: each line names a step kind as YAML spells it and the file (module) that
@@ -64,6 +71,7 @@ registry! {
     ExitBeforeFirstExchange(exit_before_first_exchange::ExitBeforeFirstExchange) = "exit-before-first-exchange",
     LazyConnect(lazy_connect::LazyConnect) = "lazy-connect",
     LazyConnectPartition(lazy_connect_partition::LazyConnectPartition) = "lazy-connect-partition",
+    LazyConnectDeadlineRace(lazy_connect_deadline_race::LazyConnectDeadlineRace) = "lazy-connect-deadline-race",
     Pingpong(pingpong::Pingpong) = "pingpong",
     RdmaPingpong(rdma_pingpong::RdmaPingpong) = "rdma-pingpong",
     RdmaLosslessStream(rdma_lossless_stream::RdmaLosslessStream) = "rdma-lossless-stream",

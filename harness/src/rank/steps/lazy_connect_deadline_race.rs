@@ -1,0 +1,213 @@
+//! lazy-connect-deadline-race: rank 1 connects to rank 0's lazy-connect wait at times spread
+//! across the wait's deadline (before it, at it, just after it, with seeded jitter), hundreds
+//! of times. For every attempt both sides must agree: both have the connection, or neither
+//! does and the initiator was refused or closed, never left in silence. The coordinator checks
+//! that from both ranks' per-attempt outcomes (the Gloo review's 2f: a late timer that fires
+//! after success loses the connection while the initiator believes it is connected).
+
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use transport::{connect, ConnectOptions, Error, Hello};
+
+use super::{seq, StepKind};
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LazyConnectDeadlineRace {
+    pub attempts: u32,
+    /// The listener's wait for each attempt.
+    pub wait_timeout: Dur,
+    /// Connects land within this much of the wait's deadline, either side.
+    pub spread: Dur,
+    pub deadline: Dur,
+}
+
+const MAX_ATTEMPTS: u32 = 5000;
+
+const CONNECTED: &str = "connected";
+const TIMED_OUT: &str = "timed-out";
+const REFUSED: &str = "refused";
+const CLOSED: &str = "closed";
+const SILENT: &str = "silent";
+
+impl StepSpec for LazyConnectDeadlineRace {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::Attempts,
+            Metric::BothConnected,
+            Metric::NeitherConnected,
+            Metric::Disagreements,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        if !(1..=MAX_ATTEMPTS).contains(&self.attempts) {
+            return Err(format!("attempts must be 1..={MAX_ATTEMPTS}, got {}", self.attempts));
+        }
+        if self.spread.0 >= self.wait_timeout.0 {
+            return Err("spread must be shorter than wait_timeout (connects land around the deadline)".into());
+        }
+        let needed = (self.wait_timeout.0 * 2 + Duration::from_millis(5)) * self.attempts;
+        if needed >= self.deadline.0 {
+            return Err(format!(
+                "{} attempts need up to {needed:?}; the step deadline is {:?}",
+                self.attempts, self.deadline.0
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl StepKind for LazyConnectDeadlineRace {
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        if !ctx.in_pair() {
+            return Ok(());
+        }
+        let (wait, spread, deadline) = (self.wait_timeout.0, self.spread.0, self.deadline.0);
+        let mut rng = ctx.seed ^ (step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        for i in 0..self.attempts {
+            ctx.pair_barrier(step, &format!("attempt-{i}"), deadline)?;
+            let sequence = seq(step, i as u64);
+            let outcome = if ctx.rank == 0 {
+                match ctx.listener.wait_for(sequence, wait) {
+                    // The initiator proves the connection works from its side too.
+                    Ok(conn) => match conn.recv(wait * 4) {
+                        Ok(_) => CONNECTED,
+                        Err(_) => SILENT,
+                    },
+                    Err(Error::Timeout { .. }) => TIMED_OUT,
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                // Land anywhere in [wait - spread, wait + spread] after the barrier.
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let offset = (rng % (2 * spread.as_micros() as u64 + 1)) as i64
+                    - spread.as_micros() as i64;
+                let at = wait.as_micros() as i64 + offset;
+                std::thread::sleep(Duration::from_micros(at.max(0) as u64));
+                initiate(ctx, sequence, wait * 4)
+            };
+            report.outcomes.push(outcome.to_string());
+        }
+        Ok(())
+    }
+
+    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> Vec<(Metric, f64)> {
+        let side = |rank: u32| reports.iter().find(|(r, _)| *r == rank).map(|(_, s)| &s.outcomes);
+        let (Some(listener), Some(initiator)) = (side(0), side(1)) else {
+            // A side without evidence is judged as missing evidence by the verdict.
+            return vec![];
+        };
+        let attempts = listener.len().max(initiator.len());
+        let (mut both, mut neither, mut disagree) = (0, 0, 0);
+        for i in 0..attempts {
+            let l = listener.get(i).map(String::as_str);
+            let r = initiator.get(i).map(String::as_str);
+            match (l, r) {
+                (Some(CONNECTED), Some(CONNECTED)) => both += 1,
+                (Some(TIMED_OUT), Some(REFUSED | CLOSED)) => neither += 1,
+                _ => disagree += 1,
+            }
+        }
+        vec![
+            (Metric::Attempts, attempts as f64),
+            (Metric::BothConnected, both as f64),
+            (Metric::NeitherConnected, neither as f64),
+            (Metric::Disagreements, disagree as f64),
+        ]
+    }
+}
+
+/// Rank 1's side of one attempt: connect, and prove the connection with one frame.
+fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> &'static str {
+    let hello = Hello {
+        rank: ctx.rank,
+        sequence,
+        generation: 0,
+        token: ctx.token,
+    };
+    let opts = ConnectOptions {
+        deadline: limit,
+        hello_timeout: limit,
+        ..ConnectOptions::default()
+    };
+    match connect(ctx.peers[0].transport, &hello, &opts) {
+        Ok(conn) => match conn.send(b"attempt", limit) {
+            Ok(()) => CONNECTED,
+            Err(_) => CLOSED,
+        },
+        Err(Error::Rejected(_)) => REFUSED,
+        Err(Error::Handshake { .. } | Error::PeerClosed) => CLOSED,
+        Err(_) => SILENT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(outcomes: &[&str]) -> StepReport {
+        StepReport {
+            outcomes: outcomes.iter().map(|s| s.to_string()).collect(),
+            ..StepReport::default()
+        }
+    }
+
+    fn step() -> LazyConnectDeadlineRace {
+        LazyConnectDeadlineRace {
+            attempts: 4,
+            wait_timeout: Dur(Duration::from_millis(20)),
+            spread: Dur(Duration::from_millis(10)),
+            deadline: Dur(Duration::from_secs(30)),
+        }
+    }
+
+    #[test]
+    fn both_sides_must_tell_the_same_story_for_every_attempt() {
+        let listener = report(&[CONNECTED, TIMED_OUT, TIMED_OUT, TIMED_OUT]);
+        let initiator = report(&[CONNECTED, REFUSED, CONNECTED, SILENT]);
+        let m = step().reconcile(&[(0, &listener), (1, &initiator)]);
+        assert_eq!(
+            m,
+            vec![
+                (Metric::Attempts, 4.0),
+                (Metric::BothConnected, 1.0),
+                (Metric::NeitherConnected, 1.0),
+                (Metric::Disagreements, 2.0),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_side_yields_no_verdict_metrics() {
+        let listener = report(&[CONNECTED]);
+        assert!(step().reconcile(&[(0, &listener)]).is_empty());
+    }
+
+    #[test]
+    fn attempts_spread_and_deadline_are_checked() {
+        assert!(step().check(2).is_ok());
+        let mut s = step();
+        s.spread = Dur(Duration::from_millis(20));
+        assert!(s.check(2).is_err());
+        s = step();
+        s.attempts = 5001;
+        assert!(s.check(2).is_err());
+        s = step();
+        s.attempts = 2000;
+        assert!(s.check(2).unwrap_err().contains("need up to"));
+    }
+}
