@@ -274,7 +274,9 @@ impl Connection {
                 shutdown_and_close(spare);
                 let _ = handle.join();
             }
-            Bug::LateTimer | Bug::NoHelloBackstop => unreachable!("not a teardown bug"),
+            Bug::LateTimer | Bug::NoHelloBackstop | Bug::ShortDirectRead => {
+                unreachable!("not a teardown bug")
+            }
         }
         // The number is closed already; the Socket must not close it again.
         std::mem::forget(socket);

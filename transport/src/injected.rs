@@ -22,6 +22,9 @@ pub(crate) enum Bug {
     LateTimer,
     /// Gloo review 1a: the initiator waits for the listener's answer with no backstop.
     NoHelloBackstop,
+    /// MSCCL++'s exact reads: a short read on the large-payload (direct) path is taken as the
+    /// whole rest of the frame.
+    ShortDirectRead,
 }
 
 impl Bug {
@@ -42,7 +45,18 @@ pub(crate) fn bug() -> Option<Bug> {
         "use-after-close" => Some(Bug::UseAfterClose),
         "late-timer" => Some(Bug::LateTimer),
         "no-hello-backstop" => Some(Bug::NoHelloBackstop),
+        "short-direct-read" => Some(Bug::ShortDirectRead),
         _ => None,
+    }
+}
+
+/// How many bytes a direct read is taken to have delivered: `n`, or with
+/// [`Bug::ShortDirectRead`] the whole slot it was offered.
+pub(crate) fn direct_read(n: usize, offered: usize) -> usize {
+    if bug() == Some(Bug::ShortDirectRead) {
+        offered
+    } else {
+        n
     }
 }
 

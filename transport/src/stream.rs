@@ -82,12 +82,18 @@ impl FrameReader {
             }
             // The buffer is drained. Large payloads are read straight into the frame.
             let direct = self.exact || self.decoder.wanted() >= self.buf.len();
+            #[cfg(feature = "bug-injection")]
+            let mut slot_len = 0;
             let result = if direct {
                 let slot = self.decoder.read_slot();
                 if slot.is_empty() {
                     // Only a failed decoder hands out an empty slot; surface its error.
                     self.decoder.commit(0)?;
                     unreachable!("an empty read slot means the decoder has failed");
+                }
+                #[cfg(feature = "bug-injection")]
+                {
+                    slot_len = slot.len();
                 }
                 reader.read(slot)
             } else {
@@ -96,6 +102,8 @@ impl FrameReader {
             match result {
                 Ok(0) => return Ok(self.decoder.end_of_stream(stopped.load(Ordering::Acquire))),
                 Ok(n) if direct => {
+                    #[cfg(feature = "bug-injection")]
+                    let n = crate::injected::direct_read(n, slot_len);
                     if let Some(frame) = self.decoder.commit(n)? {
                         return Ok(ReadOutcome::Frame(frame));
                     }

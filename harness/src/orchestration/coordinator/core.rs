@@ -358,6 +358,8 @@ impl Core {
             r.judged = true;
             let planned = r.faulted.is_some() || r.by_design || (r.done && clean);
             if planned {
+                // Even a planned exit strands whoever waits for it in a barrier.
+                self.orphaned_barriers(i as u32, acts);
                 continue;
             }
             let during = match r.step {
@@ -371,8 +373,8 @@ impl Core {
         }
     }
 
-    /// A rank died unplanned while others wait in a barrier it never reached: that barrier
-    /// can never be released, so end now rather than at the deadline.
+    /// A rank ended while others wait in a barrier it never reached: that barrier can never be
+    /// released, so end now rather than at the deadline.
     fn orphaned_barriers(&mut self, dead: u32, acts: &mut Vec<Action>) {
         let alive = |x: u32| self.ranks[x as usize].exit.is_none();
         let stuck: Vec<String> = self
@@ -385,7 +387,7 @@ impl Core {
                 !arrived.contains(&dead) && arrived.len() + could_come < *parties as usize
             })
             .map(|(name, (_, arrived))| {
-                format!("barrier `{name}` can never be released: rank {dead} died while ranks {arrived:?} waited in it")
+                format!("barrier `{name}` can never be released: rank {dead} ended while ranks {arrived:?} waited in it")
             })
             .collect();
         if !stuck.is_empty() {

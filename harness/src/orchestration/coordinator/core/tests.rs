@@ -277,6 +277,30 @@ fn a_rank_that_dies_inside_a_barrier_ends_the_attempt_at_once() {
 }
 
 #[test]
+fn a_rank_that_finishes_without_reaching_a_barrier_strands_its_peer_and_ends_the_attempt() {
+    let mut h = Harness::new(config(2));
+    h.join_all(2);
+    h.msg(
+        0,
+        RankMsg::Barrier {
+            name: "checked".into(),
+            parties: 2,
+        },
+    );
+    h.msg(
+        1,
+        RankMsg::StepError {
+            step: 0,
+            error: "write timed out".into(),
+        },
+    );
+    let acts = h.finish(1);
+    assert_eq!(acts, vec![Action::Finish]);
+    let o = h.outcome();
+    assert!(o.unexpected[0].contains("barrier `checked` can never be released: rank 1 ended"));
+}
+
+#[test]
 fn a_barrier_a_living_rank_can_still_reach_is_not_orphaned() {
     let mut h = Harness::new(config(3));
     h.join_all(3);
