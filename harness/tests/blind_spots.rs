@@ -12,11 +12,17 @@ fn repo() -> PathBuf {
 
 /// Run one scenario file with `bug` switched on; returns (exit code, failures).
 fn run(file: &str, bug: &str, tag: &str) -> (i32, Vec<String>) {
+    run_with(file, bug, tag, &[])
+}
+
+fn run_with(file: &str, bug: &str, tag: &str, extra: &[&str]) -> (i32, Vec<String>) {
     let dir = std::env::temp_dir().join(format!("wringer-blind-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = Command::new(env!("CARGO_BIN_EXE_wringer"))
         .current_dir(repo())
-        .args(["run", file, "--report-dir"])
+        .args(["run", file])
+        .args(extra)
+        .arg("--report-dir")
         .arg(&dir)
         .env("CI", "true")
         .env("WRINGER_TRANSPORT_BUG", bug)
@@ -64,4 +70,29 @@ fn an_initiator_without_a_hello_backstop_hangs_and_the_watchdog_says_where() {
     );
     let (code, failures) = run(file, "none", "backstop-ok");
     assert_eq!(code, 0, "{failures:#?}");
+}
+
+#[test]
+fn a_short_read_on_the_large_payload_path_taken_as_a_frame_fails_exact_reads() {
+    let (code, failures) = run(
+        "scenarios/tcp-exact-reads.yaml",
+        "short-direct-read",
+        "short",
+    );
+    assert_eq!(code, 1, "{failures:#?}");
+    let (code, failures) = run("scenarios/tcp-exact-reads.yaml", "none", "exact-ok");
+    assert_eq!(code, 0, "{failures:#?}");
+}
+
+#[test]
+fn a_receiver_that_reads_after_teardown_raises_the_ebadf_count_without_the_audit() {
+    // The read errors of a stopped receiver are counted by kind, never folded into a normal
+    // local close, so the outcome check can fail too.
+    let file = "scenarios/tcp-teardown-cycles.yaml";
+    let (code, failures) = run_with(file, "use-after-close", "ebadf", &["--no-audit"]);
+    assert_eq!(code, 1);
+    assert!(
+        failures.iter().any(|f| f.contains("`ebadf` on rank 0")),
+        "{failures:#?}"
+    );
 }

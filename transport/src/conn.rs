@@ -398,8 +398,6 @@ impl Receiving {
         // SAFETY: gettid has no preconditions.
         self.tid.store(unsafe { libc::gettid() }, Ordering::Release);
         let end = self.receive_until_end();
-        #[cfg(feature = "bug-injection")]
-        crate::injected::receiver_lingers(self.socket.as_raw_fd());
         // The only writer: published exactly once.
         let _ = self.terminal.set(end);
         // Dropping `self.frames` here tells `recv` that no more frames will come.
@@ -415,7 +413,15 @@ impl Receiving {
             let frame = match reader.read_frame(&mut &*self.socket, &self.stop) {
                 Ok(ReadOutcome::Frame(frame)) => frame,
                 Ok(ReadOutcome::CleanEof) => return Terminal::PeerClosed,
-                Ok(ReadOutcome::LocalShutdown) => return Terminal::LocalShutdown,
+                Ok(ReadOutcome::LocalShutdown) => {
+                    #[cfg(feature = "bug-injection")]
+                    if let Some(e) =
+                        crate::injected::read_again_after_close(self.socket.as_raw_fd())
+                    {
+                        return Terminal::Failed(ReceiverError::io(&e));
+                    }
+                    return Terminal::LocalShutdown;
+                }
                 Ok(ReadOutcome::Truncated {
                     section,
                     expected,
@@ -427,7 +433,6 @@ impl Receiving {
                         got,
                     })
                 }
-                Err(_) if self.stop.load(Ordering::Acquire) => return Terminal::LocalShutdown,
                 Err(ReadError::Frame(e)) => return Terminal::Failed(e.into()),
                 Err(ReadError::Io(e)) => return Terminal::Failed(ReceiverError::io(&e)),
             };

@@ -60,21 +60,25 @@ pub(crate) fn direct_read(n: usize, offered: usize) -> usize {
     }
 }
 
-/// The receiver's part of [`Bug::UseAfterClose`]: once stopped, keep polling its descriptor
-/// until teardown has closed it (bounded), touching it after the close.
-pub(crate) fn receiver_lingers(fd: RawFd) {
+/// The receiver's part of [`Bug::UseAfterClose`]: once stopped, it waits (bounded) until
+/// teardown has closed its descriptor, then reads it again instead of ending. The read does
+/// not block (the number may already be someone else's); its error is what it returns.
+pub(crate) fn read_again_after_close(fd: RawFd) -> Option<std::io::Error> {
     if bug() != Some(Bug::UseAfterClose) {
-        return;
+        return None;
     }
     let until = Instant::now() + Duration::from_millis(50);
     while Instant::now() < until {
-        // SAFETY: F_GETFD only queries the descriptor table; on a closed fd it fails with
-        // EBADF, which is the bug being shown.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
-            return;
+        if std::fs::symlink_metadata(format!("/proc/self/fd/{fd}")).is_err() {
+            let mut byte = 0u8;
+            // SAFETY: one byte into a local; the fd is closed (the bug), so this fails with
+            // EBADF, or, reused meanwhile, returns at once (MSG_DONTWAIT).
+            let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_DONTWAIT) };
+            return (n < 0).then(std::io::Error::last_os_error);
         }
         std::thread::sleep(Duration::from_millis(1));
     }
+    None
 }
 
 /// Close `fd` out from under its owners.

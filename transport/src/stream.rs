@@ -65,8 +65,9 @@ impl FrameReader {
         self.end - self.start
     }
 
-    /// Read one frame. `stopped` is our own stop flag: once it is set, an end of stream or a
-    /// failing read is [`ReadOutcome::LocalShutdown`], whatever was partially read.
+    /// Read one frame. `stopped` is our own stop flag: once it is set, an end of stream is
+    /// [`ReadOutcome::LocalShutdown`], whatever was partially read. A failing read is an error
+    /// even then: after a stop, an error (EBADF above all) is evidence, not a normal close.
     pub fn read_frame<R: Read>(
         &mut self,
         reader: &mut R,
@@ -113,7 +114,6 @@ impl FrameReader {
                     self.end = n;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) if stopped.load(Ordering::Acquire) => return Ok(ReadOutcome::LocalShutdown),
                 Err(e) => return Err(e.into()),
             }
         }

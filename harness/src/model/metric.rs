@@ -71,6 +71,8 @@ pub enum Metric {
     CasesLate,
     /// and the slowest case's time to its outcome.
     SlowestCaseMs,
+    /// Teardowns whose closing side's receiver ended some other way than by its own shutdown.
+    CloserNotLocalShutdown,
     /// Attempts a race step made,
     Attempts,
     /// those both sides saw connected,

@@ -32,6 +32,7 @@ impl StepSpec for TeardownCycles {
             Metric::Ebadf,
             Metric::FdDelta,
             Metric::ThreadDelta,
+            Metric::CloserNotLocalShutdown,
         ]
     }
 
@@ -64,6 +65,7 @@ pub fn run(
         .barrier(&format!("teardown-{step}-baseline"), 2, deadline)?;
     let mut shutdown_ms = Vec::with_capacity(cycles as usize);
     let mut ebadf = 0u32;
+    let mut not_local = 0u32;
     let mut done = 0u32;
     for i in 0..cycles {
         let left = end.saturating_duration_since(Instant::now());
@@ -101,6 +103,17 @@ pub fn run(
         match conn.terminal() {
             Some(Terminal::Failed(e)) if e.is_ebadf() => ebadf += 1,
             Some(Terminal::Failed(e)) => bail!("cycle {i}: receiver failed: {e}"),
+            // Rank 0 closes with its receiver blocked: that receiver must end by our own
+            // shutdown, nothing else.
+            Some(Terminal::LocalShutdown) => {}
+            other if ctx.rank == 0 => {
+                not_local += 1;
+                if not_local <= 3 {
+                    report
+                        .notes
+                        .push(format!("cycle {i}: the closing side's receiver ended {other:?}"));
+                }
+            }
             _ => {}
         }
         done += 1;
@@ -113,6 +126,9 @@ pub fn run(
     m.insert(Metric::Ebadf, ebadf as f64);
     m.insert(Metric::FdDelta, fd_delta);
     m.insert(Metric::ThreadDelta, thread_delta);
+    if ctx.rank == 0 {
+        m.insert(Metric::CloserNotLocalShutdown, not_local as f64);
+    }
     report.notes.push(format!(
         "rank {}: {done} cycles, max shutdown {:.3} ms",
         ctx.rank,
