@@ -67,6 +67,16 @@ pub fn exit_before_first_exchange(
         })?;
         std::process::exit(0);
     }
+    // The departure comes first, every time: wait (bounded) until the leaving rank's process no
+    // longer accepts connections, so no connect can race its exit.
+    let gone = ctx.peers[exiting as usize].raw;
+    let departed = crate::hosts::procfs::wait_until(
+        || std::net::TcpStream::connect_timeout(&gone, Duration::from_millis(100)).is_err(),
+        connect_timeout * 5,
+    );
+    if !departed {
+        anyhow::bail!("rank {exiting} was still accepting connections {:?} after it said it would leave", connect_timeout * 5);
+    }
     let started = Instant::now();
     // Full mesh, lazily: connect to higher ranks, wait for lower ones; all at once.
     let ranks = ctx.ranks;
