@@ -68,8 +68,9 @@ pub fn exit_before_first_exchange(
         std::process::exit(0);
     }
     // The departure comes first, every time: wait (bounded) until the leaving rank's process no
-    // longer accepts connections, so no connect can race its exit.
-    let gone = ctx.peers[exiting as usize].raw;
+    // longer accepts connections, so no connect can race its exit: every connect to it is
+    // refused and retries to its deadline.
+    let gone = ctx.peers[exiting as usize].transport;
     let departed = crate::hosts::procfs::wait_until(
         || std::net::TcpStream::connect_timeout(&gone, Duration::from_millis(100)).is_err(),
         connect_timeout * 5,
