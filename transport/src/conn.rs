@@ -274,7 +274,7 @@ impl Connection {
                 shutdown_and_close(spare);
                 let _ = handle.join();
             }
-            Bug::LateTimer | Bug::NoHelloBackstop | Bug::ShortDirectRead => {
+            Bug::LateTimer | Bug::NoHelloBackstop | Bug::ShortDirectRead | Bug::LockAcrossJoin => {
                 unreachable!("not a teardown bug")
             }
         }

@@ -22,6 +22,8 @@ pub(crate) enum Bug {
     LateTimer,
     /// Gloo review 1a: the initiator waits for the listener's answer with no backstop.
     NoHelloBackstop,
+    /// DAQIRI's deadlock half: a disconnect joins its worker while holding the registry lock.
+    LockAcrossJoin,
     /// MSCCL++'s exact reads: a short read on the large-payload (direct) path is taken as the
     /// whole rest of the frame.
     ShortDirectRead,
@@ -46,6 +48,7 @@ pub(crate) fn bug() -> Option<Bug> {
         "late-timer" => Some(Bug::LateTimer),
         "no-hello-backstop" => Some(Bug::NoHelloBackstop),
         "short-direct-read" => Some(Bug::ShortDirectRead),
+        "lock-across-join" => Some(Bug::LockAcrossJoin),
         _ => None,
     }
 }

@@ -71,6 +71,10 @@ pub enum Metric {
     CasesLate,
     /// and the slowest case's time to its outcome.
     SlowestCaseMs,
+    /// The RDMA server's stats thread: its longest wait for the registry lock.
+    RdmaStatsMaxLockWaitMs,
+    /// The longest an RDMA disconnect waited for its worker to leave.
+    RdmaWorkerExitMs,
     /// Teardowns whose closing side's receiver ended some other way than by its own shutdown.
     CloserNotLocalShutdown,
     /// Attempts a race step made,

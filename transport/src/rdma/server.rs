@@ -33,6 +33,9 @@ pub struct ServerOptions {
     /// Buffer sets in the pool: the most connections served at once.
     pub pool: usize,
     pub stats_period: Duration,
+    /// How long a worker takes to leave once told to (draining its queue, as hardware does);
+    /// zero returns at once. Makes a lock held across the join visible to the stats thread.
+    pub worker_drain: Duration,
 }
 
 /// What a worker did, kept after it is joined.
@@ -56,6 +59,10 @@ pub struct ServerStats {
     pub stats_samples: u64,
     pub pool_free: usize,
     pub completion_errors: u64,
+    /// The stats thread's longest wait for the registry lock.
+    pub stats_max_lock_wait: Duration,
+    /// The longest a disconnect waited for its worker to leave (signal to join).
+    pub max_worker_exit: Duration,
 }
 
 struct Worker {
@@ -76,6 +83,9 @@ struct Shared {
     completion_errors: AtomicU64,
     /// Messages handled per worker, read by the stats thread.
     live_messages: Mutex<HashMap<usize, Arc<AtomicU64>>>,
+    /// Longest registry-lock wait of the stats thread, and longest worker exit (nanoseconds).
+    stats_max_lock_wait_ns: AtomicU64,
+    max_worker_exit_ns: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,6 +129,8 @@ impl RdmaServer {
             samples: AtomicU64::new(0),
             completion_errors: AtomicU64::new(0),
             live_messages: Mutex::new(HashMap::new()),
+            stats_max_lock_wait_ns: AtomicU64::new(0),
+            max_worker_exit_ns: AtomicU64::new(0),
         });
         let cm = {
             let shared = Arc::clone(&shared);
@@ -152,6 +164,10 @@ impl RdmaServer {
             stats_samples: s.samples.load(Ordering::Relaxed),
             pool_free: lock(&s.pool).len(),
             completion_errors: s.completion_errors.load(Ordering::Relaxed),
+            stats_max_lock_wait: Duration::from_nanos(
+                s.stats_max_lock_wait_ns.load(Ordering::Relaxed),
+            ),
+            max_worker_exit: Duration::from_nanos(s.max_worker_exit_ns.load(Ordering::Relaxed)),
         }
     }
 
@@ -193,18 +209,39 @@ impl Drop for RdmaServer {
 
 /// The DAQIRI order: signal, take out under the lock, release, join, then return buffers.
 fn disconnect(shared: &Shared, key: usize) {
-    let worker = {
-        let mut registry = lock(&shared.registry);
-        let Some(worker) = registry.remove(&key) else {
-            return;
-        };
-        worker.exit.store(true, Ordering::Release);
-        worker
-    }; // the registry lock is released here, before the join
+    let signalled = Instant::now();
+    let mut registry = lock(&shared.registry);
+    let Some(worker) = registry.remove(&key) else {
+        return;
+    };
+    worker.exit.store(true, Ordering::Release);
+    #[cfg(feature = "bug-injection")]
+    if crate::injected::bug() == Some(crate::injected::Bug::LockAcrossJoin) {
+        // DAQIRI's deadlock half, test-only: the join happens with the lock still held.
+        let joined = worker.handle.join();
+        drop(registry);
+        return finish_disconnect(shared, key, worker.interface, joined, signalled);
+    }
+    drop(registry); // the registry lock is released here, before the join
     let Worker {
         handle, interface, ..
     } = worker;
-    let Ok((conn, messages, first_message)) = handle.join() else {
+    finish_disconnect(shared, key, interface, handle.join(), signalled);
+}
+
+/// After the join: account for the worker and return its buffers to the pool.
+fn finish_disconnect(
+    shared: &Shared,
+    key: usize,
+    interface: usize,
+    joined: std::thread::Result<(RcConnection, u64, Vec<u8>)>,
+    signalled: Instant,
+) {
+    let exit_ns = signalled.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+    shared
+        .max_worker_exit_ns
+        .fetch_max(exit_ns, Ordering::Relaxed);
+    let Ok((conn, messages, first_message)) = joined else {
         return;
     };
     shared.joined.fetch_add(1, Ordering::Relaxed);
@@ -279,7 +316,8 @@ fn cm_loop(
                 lock(&shared.live_messages).insert(key, Arc::clone(&messages));
                 let handle = {
                     let exit = Arc::clone(&exit);
-                    std::thread::spawn(move || serve(conn, &exit, &messages))
+                    let drain = opts.worker_drain;
+                    std::thread::spawn(move || serve(conn, &exit, &messages, drain))
                 };
                 lock(&shared.registry).insert(
                     key,
@@ -328,6 +366,7 @@ fn serve(
     mut conn: RcConnection,
     exit: &AtomicBool,
     messages: &AtomicU64,
+    drain: Duration,
 ) -> (RcConnection, u64, Vec<u8>) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut first = vec![];
@@ -356,6 +395,8 @@ fn serve(
             Err(_) => break,
         }
     }
+    // Leaving takes time on hardware (the queue drains); a bounded sleep stands for it.
+    std::thread::sleep(drain);
     let n = messages.load(Ordering::Relaxed);
     (conn, n, first)
 }
@@ -363,8 +404,14 @@ fn serve(
 fn stats_loop(shared: &Shared, period: Duration) {
     while !shared.stop.load(Ordering::Acquire) {
         {
-            // Reads the registry like DAQIRI's stats printer; never held across a join.
+            // Reads the registry like DAQIRI's stats printer; never held across a join, so
+            // its wait for the lock stays short however long a worker takes to leave.
+            let asked = Instant::now();
             let registry = lock(&shared.registry);
+            let waited = asked.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            shared
+                .stats_max_lock_wait_ns
+                .fetch_max(waited, Ordering::Relaxed);
             let live = lock(&shared.live_messages);
             let _total: u64 = registry
                 .keys()

@@ -24,6 +24,9 @@ pub struct RdmaGracefulShutdown {
     pub connections: u32,
     pub messages: u32,
     pub stats_period: Dur,
+    /// How long each worker takes to leave once told to (its queue draining).
+    #[serde(default)]
+    pub worker_drain: Option<Dur>,
     pub deadline: Dur,
 }
 
@@ -37,6 +40,8 @@ impl StepSpec for RdmaGracefulShutdown {
             Metric::RdmaStatsSamples,
             Metric::RdmaDataMismatches,
             Metric::RdmaCompletionErrors,
+            Metric::RdmaStatsMaxLockWaitMs,
+            Metric::RdmaWorkerExitMs,
         ]
     }
 
@@ -53,6 +58,7 @@ impl StepKind for RdmaGracefulShutdown {
             self.connections,
             self.messages,
             self.stats_period.0,
+            self.worker_drain.map(|d| d.0).unwrap_or_default(),
             self.deadline.0,
             report,
         )
@@ -65,6 +71,7 @@ pub fn graceful_shutdown(
     connections: u32,
     messages: u32,
     stats_period: Duration,
+    worker_drain: Duration,
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
@@ -82,6 +89,7 @@ pub fn graceful_shutdown(
             rc,
             pool,
             stats_period,
+            worker_drain,
         })?;
         ctx.pair_barrier(step, "listening", deadline)?;
         ctx.pair_barrier(step, "clients-done", deadline)?;
@@ -99,6 +107,14 @@ pub fn graceful_shutdown(
         m.insert(Metric::RdmaPoolLeaked, (pool - stats.pool_free) as f64);
         m.insert(Metric::RdmaStatsSamples, stats.stats_samples as f64);
         m.insert(Metric::RdmaCompletionErrors, stats.completion_errors as f64);
+        m.insert(
+            Metric::RdmaStatsMaxLockWaitMs,
+            stats.stats_max_lock_wait.as_secs_f64() * 1e3,
+        );
+        m.insert(
+            Metric::RdmaWorkerExitMs,
+            stats.max_worker_exit.as_secs_f64() * 1e3,
+        );
         report.notes.push(format!(
             "server: {stats:?}; every worker's buffers came back after its join: {}",
             served.iter().all(|s| s.buffers_returned_after_join)

@@ -61,6 +61,7 @@ pub fn interface_index(
         // all 1 on rxe) disagree.
         let interfaces: Vec<IpAddr> = addresses.iter().rev().copied().collect();
         let server = RdmaServer::start(ServerOptions {
+            worker_drain: Duration::ZERO,
             interfaces: interfaces.clone(),
             port: port(step),
             rc,

@@ -74,6 +74,7 @@ pub fn xhost_send(
         let started = Instant::now();
         // The server posts its receives before it accepts (RdmaServer does, by construction).
         let server = RdmaServer::start(ServerOptions {
+            worker_drain: Duration::ZERO,
             interfaces: vec![server_ip],
             port: port(step),
             rc,
