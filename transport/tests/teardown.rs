@@ -114,6 +114,12 @@ fn teardown_cycles_leak_nothing_and_never_see_ebadf() {
         slowest < Duration::from_secs(2),
         "slowest teardown took {slowest:?}"
     );
+    // Threads that just finished (handshakes, receivers) need a moment to leave /proc; wait
+    // for the counts, bounded, then compare.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (open_fds(), threads()) != (fds_before, threads_before) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(open_fds(), fds_before, "descriptor count changed");
     assert_eq!(threads(), threads_before, "thread count changed");
 }
