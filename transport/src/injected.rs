@@ -64,8 +64,9 @@ pub(crate) fn direct_read(n: usize, offered: usize) -> usize {
 }
 
 /// The receiver's part of [`Bug::UseAfterClose`]: once stopped, it waits (bounded) until
-/// teardown has closed its descriptor, then reads it again instead of ending. The read does
-/// not block (the number may already be someone else's); its error is what it returns.
+/// teardown has closed its descriptor, then reads it again instead of ending. The read neither
+/// blocks nor consumes (the number may already be someone else's); its error is what it
+/// returns.
 pub(crate) fn read_again_after_close(fd: RawFd) -> Option<std::io::Error> {
     if bug() != Some(Bug::UseAfterClose) {
         return None;
