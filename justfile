@@ -93,10 +93,11 @@ gpu-bundle: build-deps
 # Mutation testing of the transport's lifecycle modules (cargo-mutants), tested by the transport's tests and the audited TCP scenarios (harness tests); writes mutants.out/.
 mutants *args="": build-deps (apt "strace")
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-    cargo mutants --package transport --test-package transport --test-package harness --features harness/bug-injection \
+    cargo mutants --test-tool nextest --package transport --test-package transport --test-package harness --features harness/bug-injection \
         --file transport/src/conn.rs --file transport/src/listener.rs --file transport/src/connect.rs \
         --file transport/src/handshake.rs --file transport/src/frame.rs --file transport/src/stream.rs \
         --timeout 300 --output mutants.out {{args}}
+    # (nextest: the fd and thread counting tests need a process of their own.)
 
 # Fuzz the frame decoder (not part of CI). cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
 fuzz seconds="60":
