@@ -412,6 +412,40 @@ mod tests {
     }
 
     #[test]
+    fn a_decoder_is_at_a_boundary_only_between_frames() {
+        let bytes = data(1, b"abc").encode();
+        let mut d = Decoder::new(16);
+        assert_eq!(d.max_payload(), 16);
+        assert!(d.at_boundary());
+        d.feed(&bytes[..3]).unwrap();
+        assert!(!d.at_boundary(), "inside a header");
+        d.feed(&bytes[3..HEADER_LEN + 1]).unwrap();
+        assert!(!d.at_boundary(), "inside a payload");
+        assert_eq!(
+            d.feed(&bytes[HEADER_LEN + 1..]).unwrap().1,
+            Some(data(1, b"abc"))
+        );
+        assert!(d.at_boundary());
+    }
+
+    #[test]
+    fn of_two_spare_buffers_the_larger_is_kept() {
+        let mut d = Decoder::new(16);
+        d.give_buffer(Vec::with_capacity(8));
+        d.give_buffer(Vec::with_capacity(64));
+        assert!(d.spare.as_ref().unwrap().capacity() >= 64);
+        d.give_buffer(Vec::with_capacity(4));
+        assert!(
+            d.spare.as_ref().unwrap().capacity() >= 64,
+            "a smaller one does not replace it"
+        );
+        let mut e = Decoder::new(16);
+        e.give_buffer(Vec::with_capacity(32));
+        e.give_buffer(Vec::with_capacity(32));
+        assert!(e.spare.is_some());
+    }
+
+    #[test]
     fn feed_stops_after_one_frame() {
         let mut bytes = data(1, b"ab").encode();
         bytes.extend(data(2, b"").encode());
