@@ -429,6 +429,17 @@ mod tests {
     }
 
     #[test]
+    fn wanted_counts_the_bytes_still_missing() {
+        let bytes = data(1, &[9; 10]).encode();
+        let mut d = Decoder::new(16);
+        assert_eq!(d.wanted(), HEADER_LEN);
+        d.feed(&bytes[..3]).unwrap();
+        assert_eq!(d.wanted(), HEADER_LEN - 3);
+        d.feed(&bytes[3..HEADER_LEN + 4]).unwrap();
+        assert_eq!(d.wanted(), 6);
+    }
+
+    #[test]
     fn of_two_spare_buffers_the_larger_is_kept() {
         let mut d = Decoder::new(16);
         d.give_buffer(Vec::with_capacity(8));
