@@ -375,12 +375,16 @@ fn reconcile(steps: &[Step], attempt: &mut Attempt) {
             .filter(|(_, r)| r.step == i)
             .map(|(rank, r)| (*rank, r))
             .collect();
-        let derived = step.kind().reconcile(&reports);
-        if derived.is_empty() {
+        let (derived, notes) = step.kind().reconcile(&reports);
+        if derived.is_empty() && notes.is_empty() {
             continue;
         }
         let mut r = StepReport::new(i);
         r.metrics.extend(derived);
+        r.notes = notes
+            .into_iter()
+            .map(|n| format!("coordinator: {n}"))
+            .collect();
         attempt.reports.push((COORDINATOR, r));
     }
 }

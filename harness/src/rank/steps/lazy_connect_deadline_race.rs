@@ -33,7 +33,7 @@ const MAX_ATTEMPTS: u32 = 5000;
 
 /// How long the initiator's connect and the first frame may take once the race is decided:
 /// generous, so a slow machine is never mistaken for silence.
-const PROOF_LIMIT: Duration = Duration::from_secs(5);
+const PROOF_LIMIT: Duration = Duration::from_secs(20);
 
 const CONNECTED: &str = "connected";
 const TIMED_OUT: &str = "timed-out";
@@ -87,10 +87,10 @@ impl StepKind for LazyConnectDeadlineRace {
                 match ctx.listener.wait_for(sequence, wait) {
                     // The initiator proves the connection works from its side too.
                     Ok(conn) => match conn.recv(PROOF_LIMIT) {
-                        Ok(_) => CONNECTED,
-                        Err(_) => SILENT,
+                        Ok(_) => CONNECTED.to_string(),
+                        Err(e) => format!("{SILENT}: {e}"),
                     },
-                    Err(Error::Timeout { .. }) => TIMED_OUT,
+                    Err(Error::Timeout { .. }) => TIMED_OUT.to_string(),
                     Err(e) => return Err(e.into()),
                 }
             } else {
@@ -104,39 +104,53 @@ impl StepKind for LazyConnectDeadlineRace {
                 std::thread::sleep(Duration::from_micros(at.max(0) as u64));
                 initiate(ctx, sequence, PROOF_LIMIT)
             };
-            report.outcomes.push(outcome.to_string());
+            report.outcomes.push(outcome);
         }
         Ok(())
     }
 
-    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> Vec<(Metric, f64)> {
+    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> (Vec<(Metric, f64)>, Vec<String>) {
         let side = |rank: u32| reports.iter().find(|(r, _)| *r == rank).map(|(_, s)| &s.outcomes);
         let (Some(listener), Some(initiator)) = (side(0), side(1)) else {
             // A side without evidence is judged as missing evidence by the verdict.
-            return vec![];
+            return (vec![], vec![]);
         };
         let attempts = listener.len().max(initiator.len());
         let (mut both, mut neither, mut disagree) = (0, 0, 0);
+        let mut notes = vec![];
         for i in 0..attempts {
-            let l = listener.get(i).map(String::as_str);
-            let r = initiator.get(i).map(String::as_str);
-            match (l, r) {
+            // Outcomes may carry details after a colon; the kind is what counts.
+            let kind = |s: &String| s.split(':').next().unwrap_or("").to_string();
+            let l = listener.get(i).map(kind);
+            let r = initiator.get(i).map(kind);
+            match (l.as_deref(), r.as_deref()) {
                 (Some(CONNECTED), Some(CONNECTED)) => both += 1,
                 (Some(TIMED_OUT), Some(REFUSED | CLOSED)) => neither += 1,
-                _ => disagree += 1,
+                _ => {
+                    disagree += 1;
+                    if notes.len() < 10 {
+                        let full = |o: Option<&String>| o.cloned().unwrap_or("nothing".into());
+                        notes.push(format!(
+                            "attempt {i}: the listener saw {}, the initiator {}",
+                            full(listener.get(i)),
+                            full(initiator.get(i))
+                        ));
+                    }
+                }
             }
         }
-        vec![
+        let metrics = vec![
             (Metric::Attempts, attempts as f64),
             (Metric::BothConnected, both as f64),
             (Metric::NeitherConnected, neither as f64),
             (Metric::Disagreements, disagree as f64),
-        ]
+        ];
+        (metrics, notes)
     }
 }
 
 /// Rank 1's side of one attempt: connect, and prove the connection with one frame.
-fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> &'static str {
+fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> String {
     let hello = Hello {
         rank: ctx.rank,
         sequence,
@@ -150,12 +164,12 @@ fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> &'static str {
     };
     match connect(ctx.peers[0].transport, &hello, &opts) {
         Ok(conn) => match conn.send(b"attempt", limit) {
-            Ok(()) => CONNECTED,
-            Err(_) => CLOSED,
+            Ok(()) => CONNECTED.into(),
+            Err(e) => format!("{CLOSED}: {e}"),
         },
-        Err(Error::Rejected(_)) => REFUSED,
-        Err(Error::Handshake { .. } | Error::PeerClosed) => CLOSED,
-        Err(_) => SILENT,
+        Err(Error::Rejected(_)) => REFUSED.into(),
+        Err(e @ (Error::Handshake { .. } | Error::PeerClosed)) => format!("{CLOSED}: {e}"),
+        Err(e) => format!("{SILENT}: {e}"),
     }
 }
 
@@ -183,7 +197,9 @@ mod tests {
     fn both_sides_must_tell_the_same_story_for_every_attempt() {
         let listener = report(&[CONNECTED, TIMED_OUT, TIMED_OUT, TIMED_OUT]);
         let initiator = report(&[CONNECTED, REFUSED, CONNECTED, SILENT]);
-        let m = step().reconcile(&[(0, &listener), (1, &initiator)]);
+        let (m, notes) = step().reconcile(&[(0, &listener), (1, &initiator)]);
+        assert_eq!(notes.len(), 2);
+        assert!(notes[0].starts_with("attempt 2: the listener saw timed-out, the initiator connected"));
         assert_eq!(
             m,
             vec![
@@ -198,7 +214,7 @@ mod tests {
     #[test]
     fn a_missing_side_yields_no_verdict_metrics() {
         let listener = report(&[CONNECTED]);
-        assert!(step().reconcile(&[(0, &listener)]).is_empty());
+        assert!(step().reconcile(&[(0, &listener)]).0.is_empty());
     }
 
     #[test]

@@ -30,8 +30,9 @@ pub trait StepKind: StepSpec {
     /// Evidence only the coordinator can derive, from every rank's report of this step (both
     /// sides of each connection agreeing, say). The metrics must be among those declared;
     /// expectations judge them like any other.
-    fn reconcile(&self, _reports: &[(u32, &StepReport)]) -> Vec<(Metric, f64)> {
-        vec![]
+    /// Notes explain what the metrics count (the attempts where the sides disagreed, say).
+    fn reconcile(&self, _reports: &[(u32, &StepReport)]) -> (Vec<(Metric, f64)>, Vec<String>) {
+        (vec![], vec![])
     }
 }
 
