@@ -52,29 +52,19 @@ impl StepSpec for RdmaGracefulShutdown {
 
 impl StepKind for RdmaGracefulShutdown {
     fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
-        graceful_shutdown(
-            ctx,
-            step,
-            self.connections,
-            self.messages,
-            self.stats_period.0,
-            self.worker_drain.map(|d| d.0).unwrap_or_default(),
-            self.deadline.0,
-            report,
-        )
+        graceful_shutdown(ctx, step, self, report)
     }
 }
 
 pub fn graceful_shutdown(
     ctx: &Ctx,
     step: usize,
-    connections: u32,
-    messages: u32,
-    stats_period: Duration,
-    worker_drain: Duration,
-    deadline: Duration,
+    p: &RdmaGracefulShutdown,
     report: &mut StepReport,
 ) -> Result<()> {
+    let (connections, messages) = (p.connections, p.messages);
+    let (stats_period, deadline) = (p.stats_period.0, p.deadline.0);
+    let worker_drain = p.worker_drain.map(|d| d.0).unwrap_or_default();
     if !ctx.in_pair() {
         return Ok(());
     }
