@@ -2,15 +2,15 @@
 //! transport's `bug-injection` feature) fail an audited teardown scenario on every run, the
 //! correct transport passes it, and the audit works on a program wringer did not write.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
+#[cfg_attr(not(feature = "bug-injection"), allow(dead_code))]
+mod common;
+
+use common::repo;
 use harness::model::scenario::AuditCheck;
 use harness::orchestration::audit;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn need(tool: &str) {
     let found = std::env::var_os("PATH")
@@ -31,29 +31,8 @@ fn temp(name: &str) -> PathBuf {
 #[cfg(feature = "bug-injection")]
 fn audited_teardown(bug: &str, run: u32) -> (i32, Vec<String>) {
     need("strace");
-    let dir = temp(&format!("{bug}-{run}"));
-    let out = Command::new(env!("CARGO_BIN_EXE_wringer"))
-        .current_dir(repo())
-        .args([
-            "run",
-            "harness/tests/fixtures/audited-teardown.yaml",
-            "--report-dir",
-        ])
-        .arg(&dir)
-        .env("CI", "true")
-        .env("WRINGER_TRANSPORT_BUG", bug)
-        .output()
-        .unwrap();
-    let results: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
-    let failures = results["scenarios"][0]["evidence"]["failures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap().to_string())
-        .collect();
-    let _ = std::fs::remove_dir_all(&dir);
-    (out.status.code().unwrap_or(-1), failures)
+    let file = "harness/tests/fixtures/audited-teardown.yaml";
+    common::run_with_bug(file, bug, &format!("audit-{bug}-{run}"), &[])
 }
 
 #[cfg(feature = "bug-injection")]

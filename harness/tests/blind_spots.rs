@@ -3,41 +3,13 @@
 
 #![cfg(feature = "bug-injection")]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use common::run_with_bug as run_with;
 
 /// Run one scenario file with `bug` switched on; returns (exit code, failures).
 fn run(file: &str, bug: &str, tag: &str) -> (i32, Vec<String>) {
     run_with(file, bug, tag, &[])
-}
-
-fn run_with(file: &str, bug: &str, tag: &str, extra: &[&str]) -> (i32, Vec<String>) {
-    let dir = std::env::temp_dir().join(format!("wringer-blind-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = Command::new(env!("CARGO_BIN_EXE_wringer"))
-        .current_dir(repo())
-        .args(["run", file])
-        .args(extra)
-        .arg("--report-dir")
-        .arg(&dir)
-        .env("CI", "true")
-        .env("WRINGER_TRANSPORT_BUG", bug)
-        .output()
-        .unwrap();
-    let results: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
-    let failures = results["scenarios"][0]["evidence"]["failures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap().to_string())
-        .collect();
-    let _ = std::fs::remove_dir_all(&dir);
-    (out.status.code().unwrap_or(-1), failures)
 }
 
 #[test]
