@@ -323,7 +323,7 @@ impl RankGroup {
         for h in hosts {
             match h
                 .target
-                .check(&["ps", "-eo", "pid,stat,args"], Duration::from_secs(15))
+                .check(&["ps", "-eo", "pid,stat,args"], Duration::from_secs(60))
             {
                 Ok(table) => left.extend(
                     table
