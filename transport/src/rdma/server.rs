@@ -186,6 +186,13 @@ impl RdmaServer {
         self.stats()
     }
 
+    /// [`shutdown`](Self::shutdown), and then every connection served, those the shutdown
+    /// itself disconnected included.
+    pub fn shutdown_and_served(mut self) -> (ServerStats, Vec<Served>) {
+        self.stop_all();
+        (self.stats(), self.served())
+    }
+
     fn stop_all(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(cm) = self.cm.take() {

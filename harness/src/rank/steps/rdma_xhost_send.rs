@@ -89,8 +89,9 @@ pub fn xhost_send(
             std::thread::sleep(Duration::from_millis(20));
         }
         let t = Instant::now();
-        let served = server.served();
-        let stats = server.shutdown();
+        // Served counts come after the shutdown: a client's disconnect may still be on its way
+        // when the timer ends (slow hosts), and the shutdown disconnects it then.
+        let (stats, served) = server.shutdown_and_served();
         report
             .metrics
             .insert(Metric::RdmaShutdownMs, t.elapsed().as_secs_f64() * 1e3);
