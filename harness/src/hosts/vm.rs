@@ -170,7 +170,6 @@ fn kill_vm(child: &mut Child) {
     let _ = child.wait();
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_single(
     profile: &HostProfile,
     vm: &VmSpec,
@@ -210,7 +209,6 @@ fn run_single(
     Ok(wait_vm(&mut child, Instant::now() + budget, interrupted))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_pair(
     profile: &HostProfile,
     vm: &VmSpec,
