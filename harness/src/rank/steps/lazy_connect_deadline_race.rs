@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use transport::{connect, ConnectOptions, Error, Hello};
+use transport::Error;
 
-use super::{seq, StepKind};
+use super::{connect_within, seq, StepKind};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
@@ -151,18 +151,7 @@ impl StepKind for LazyConnectDeadlineRace {
 
 /// Rank 1's side of one attempt: connect, and prove the connection with one frame.
 fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> String {
-    let hello = Hello {
-        rank: ctx.rank,
-        sequence,
-        generation: 0,
-        token: ctx.token,
-    };
-    let opts = ConnectOptions {
-        deadline: limit,
-        hello_timeout: limit,
-        ..ConnectOptions::default()
-    };
-    match connect(ctx.peers[0].transport, &hello, &opts) {
+    match connect_within(ctx, ctx.peers[0].transport, sequence, limit) {
         Ok(conn) => match conn.send(b"attempt", limit) {
             Ok(()) => CONNECTED.into(),
             Err(e) => format!("{CLOSED}: {e}"),

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use transport::frame::{Frame, Kind, HEADER_LEN};
-use transport::{connect, ConnectOptions, Error, Hello};
+use transport::Error;
 
-use super::{accept_within, StepKind};
+use super::{accept_within, connect_within, StepKind};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
@@ -119,19 +119,9 @@ impl StepKind for ListenerNeverAnswers {
                     ctx.pair_barrier(step, &name, deadline)?;
                     continue;
                 }
-                let hello = Hello {
-                    rank: ctx.rank,
-                    sequence: super::seq(step, n as u64),
-                    generation: 0,
-                    token: ctx.token,
-                };
-                let opts = ConnectOptions {
-                    deadline: limit,
-                    hello_timeout: limit,
-                    ..ConnectOptions::default()
-                };
+                let sequence = super::seq(step, n as u64);
                 let started = Instant::now();
-                let outcome = connect(ctx.peers[0].raw, &hello, &opts);
+                let outcome = connect_within(ctx, ctx.peers[0].raw, sequence, limit);
                 let took = started.elapsed();
                 n += 1;
                 slowest = slowest.max(took.as_secs_f64() * 1e3);

@@ -56,6 +56,28 @@ pub fn raw_connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
     Ok(s)
 }
 
+/// Connect to `addr` as this rank with `sequence`, the connect and the hello both bounded by
+/// `limit`; the transport's error is kept whole, for steps that judge its kind.
+pub fn connect_within(
+    ctx: &Ctx,
+    addr: SocketAddr,
+    sequence: u64,
+    limit: Duration,
+) -> transport::Result<Connection> {
+    let hello = Hello {
+        rank: ctx.rank,
+        sequence,
+        generation: 0,
+        token: ctx.token,
+    };
+    let opts = ConnectOptions {
+        deadline: limit,
+        hello_timeout: limit,
+        ..ConnectOptions::default()
+    };
+    connect(addr, &hello, &opts)
+}
+
 /// Accept one raw connection, waiting at most `timeout`.
 pub fn accept_within(listener: &TcpListener, timeout: Duration) -> Result<TcpStream> {
     let deadline = Instant::now() + timeout;
