@@ -11,7 +11,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use transport::Error;
 
-use super::{connect_within, seq, StepKind};
+use super::{connect_within, seq, Reconciled, StepKind};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
@@ -106,14 +106,18 @@ impl StepKind for LazyConnectDeadlineRace {
             };
             report.outcomes.push(outcome);
         }
+        // The listener must outlive the last attempt: without this, rank 0 could finish (and
+        // close its listener) while rank 1's last connect is still on its way, which reads as
+        // a refusal the transport never made.
+        ctx.pair_barrier(step, "attempts-done", deadline)?;
         Ok(())
     }
 
-    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> (Vec<(Metric, f64)>, Vec<String>) {
+    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> Reconciled {
         let side = |rank: u32| reports.iter().find(|(r, _)| *r == rank).map(|(_, s)| &s.outcomes);
         let (Some(listener), Some(initiator)) = (side(0), side(1)) else {
             // A side without evidence is judged as missing evidence by the verdict.
-            return (vec![], vec![]);
+            return Reconciled::default();
         };
         let attempts = listener.len().max(initiator.len());
         let (mut both, mut neither, mut disagree) = (0, 0, 0);
@@ -145,7 +149,11 @@ impl StepKind for LazyConnectDeadlineRace {
             (Metric::NeitherConnected, neither as f64),
             (Metric::Disagreements, disagree as f64),
         ];
-        (metrics, notes)
+        Reconciled {
+            metrics,
+            notes,
+            failures: vec![],
+        }
     }
 }
 
@@ -186,7 +194,8 @@ mod tests {
     fn both_sides_must_tell_the_same_story_for_every_attempt() {
         let listener = report(&[CONNECTED, TIMED_OUT, TIMED_OUT, TIMED_OUT]);
         let initiator = report(&[CONNECTED, REFUSED, CONNECTED, SILENT]);
-        let (m, notes) = step().reconcile(&[(0, &listener), (1, &initiator)]);
+        let Reconciled { metrics: m, notes, .. } =
+            step().reconcile(&[(0, &listener), (1, &initiator)]);
         assert_eq!(notes.len(), 2);
         assert!(notes[0].starts_with("attempt 2: the listener saw timed-out, the initiator connected"));
         assert_eq!(
@@ -203,7 +212,7 @@ mod tests {
     #[test]
     fn a_missing_side_yields_no_verdict_metrics() {
         let listener = report(&[CONNECTED]);
-        assert!(step().reconcile(&[(0, &listener)]).0.is_empty());
+        assert!(step().reconcile(&[(0, &listener)]).metrics.is_empty());
     }
 
     #[test]
