@@ -12,9 +12,9 @@ test: build-deps (apt "chromium" "strace") cuda-tools
     cargo clippy -p transport --features gpu --all-targets -- -D warnings
     cargo fmt --all --check
 
-# The main job: build in release and run every scenario this machine can run (loopback by default).
-test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace")
-    cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
+# The main job: build in release and run every scenario this machine can run (loopback by default), the external programs' scenarios (Gloo, libfabric, UCX) included.
+test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace") external
+    PATH="$PWD/target/external:$PATH" cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
     # The RDMA scenarios skip on loopback; where a soft-RoCE VM can run (just setup-rxe), they run there too.
     if [ "{{hosts}}" = "hosts/local.yaml" ] && command -v vng >/dev/null && [ -d /opt/wringer-vm/boot ]; then cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm.yaml --filter rdma {{args}} && cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm-pair.yaml --filter rdma-xhost {{args}}; fi
 
@@ -41,6 +41,11 @@ nightly hosts="": build-deps (apt "sockperf" "iperf3")
 # Parse and check every scenario and the runnable host profiles (the example pair inventories hold placeholders on purpose).
 validate:
     cargo run -q -p harness -- validate scenarios hosts/local.yaml hosts/containers.yaml hosts/rxe.yaml hosts/rxe-vm.yaml hosts/rxe-vm-pair.yaml
+
+# The programs the exec scenarios run: Debian's Gloo, libfabric and UCX, and wringer-gloo (a small driver for the real Gloo, external/gloo) built into target/external.
+external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++")
+    mkdir -p target/external
+    g++ -O2 -std=c++17 -Wall -Wextra -Werror -o target/external/wringer-gloo external/gloo/wringer_gloo.cc -lgloo -pthread
 
 # Build the container test-host image locally (debootstrap + docker import; no registry needed). Idempotent.
 setup-containers: (apt "debootstrap" "openssh-client")

@@ -191,6 +191,8 @@ fn every_step_kind_records_only_what_it_declares() {
     let mut entries: Vec<_> = std::fs::read_dir(&steps)
         .unwrap()
         .map(|e| e.unwrap().path())
+        // A kind's unit tests may live in a folder of the same name.
+        .filter(|p| p.is_file())
         .collect();
     entries.sort();
     for path in entries {
@@ -224,7 +226,7 @@ fn every_step_kind_records_only_what_it_declares() {
             "{file} samples undeclared series {stray_s:?}"
         );
     }
-    assert_eq!(kinds, 21, "every registered step kind is a file of its own");
+    assert_eq!(kinds, 22, "every registered step kind is a file of its own");
 }
 
 #[test]
@@ -234,7 +236,7 @@ fn every_registered_kind_has_its_own_file() {
         .lines()
         .filter(|l| l.trim_start().starts_with(|c: char| c.is_uppercase()) && l.contains(") = \""))
         .collect();
-    assert_eq!(lines.len(), 21, "{lines:?}");
+    assert_eq!(lines.len(), 22, "{lines:?}");
     for l in lines {
         // `    Name(file::Name) = "kind-name",`
         let file = l.split('(').nth(1).unwrap().split("::").next().unwrap();

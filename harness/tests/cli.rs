@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::processes_with;
 use serde_json::Value;
+
+mod common;
 
 const WRINGER: &str = env!("CARGO_BIN_EXE_wringer");
 
@@ -53,20 +56,6 @@ fn spawn_run(marker: &str, args: &[&str]) -> std::process::Child {
 
 fn run_to_end(mut cmd: Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("wringer runs")
-}
-
-fn processes_with(marker: &str) -> Vec<u32> {
-    let needle = format!("WRINGER_TEST_MARKER={marker}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .collect()
 }
 
 fn results(dir: &Path) -> Value {

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use crate::model::input::{located, InputError};
+use crate::model::known::{self, KnownFailure};
 use crate::model::requirement::Requirement;
 
 #[derive(Debug, Deserialize)]
@@ -36,6 +37,15 @@ pub struct HostProfile {
     /// `rxe-vm` profiles: the VM.
     #[serde(default)]
     pub vm: Option<VmSpec>,
+    /// Scenarios expected to fail here, each with a reason and a link (see `model::known`),
+    #[serde(default)]
+    pub known_failures: Vec<Spanned<KnownFailure>>,
+    /// and a file of more of them (relative to this profile's folder).
+    #[serde(default)]
+    pub known_failures_file: Option<PathBuf>,
+    /// Both, read and checked.
+    #[serde(skip)]
+    pub known: Vec<KnownFailure>,
     #[serde(skip)]
     pub file: PathBuf,
 }
@@ -158,6 +168,14 @@ pub fn load(path: &Path) -> Result<HostProfile, InputError> {
     let mut p: HostProfile = crate::model::input::parse_yaml(path, &text)?;
     p.file = path.to_owned();
     check(path, &p)?;
+    for k in &p.known_failures {
+        known::check(&k.value).map_err(|why| located(path, &k.referenced, why))?;
+    }
+    p.known = p.known_failures.iter().map(|k| k.value.clone()).collect();
+    if let Some(f) = &p.known_failures_file {
+        let f = path.parent().unwrap_or(Path::new(".")).join(f);
+        p.known.extend(known::load(&f)?);
+    }
     Ok(p)
 }
 

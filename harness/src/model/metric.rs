@@ -85,6 +85,17 @@ pub enum Metric {
     NeitherConnected,
     /// and those where the two sides disagree, or the initiator was left in silence.
     Disagreements,
+    /// An external program: from the fault to its exit (the slowest survivor),
+    ExitMs,
+    /// and what it printed of itself: median and tail latency,
+    LatencyP50Us,
+    LatencyP99Us,
+    /// mean latency, where that is all it prints,
+    LatencyAvgUs,
+    /// bandwidth,
+    BandwidthGbps,
+    /// and rounds (iterations, collectives) completed.
+    Rounds,
 }
 
 impl Metric {

@@ -3,6 +3,7 @@
 
 pub mod duration;
 pub mod input;
+pub mod known;
 pub mod metric;
 pub mod requirement;
 pub mod result;

@@ -18,6 +18,30 @@ pub enum Verdict {
     Pass,
     Fail,
     Skip,
+    /// A failure the host profile lists as known: reported with its evidence, the run passes.
+    Xfail,
+    /// A known failure that passed: its entry is stale (a failure under `--strict`).
+    Xpass,
+}
+
+impl Verdict {
+    pub const ALL: [Verdict; 5] = [
+        Verdict::Pass,
+        Verdict::Fail,
+        Verdict::Skip,
+        Verdict::Xfail,
+        Verdict::Xpass,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+            Verdict::Skip => "skip",
+            Verdict::Xfail => "xfail",
+            Verdict::Xpass => "xpass",
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -70,4 +94,22 @@ pub struct ScenarioResult {
     /// Latency percentiles per series and message size, over every rank and repeat.
     pub latency: BTreeMap<SampleKey, Latency>,
     pub evidence: Evidence,
+}
+
+impl ScenarioResult {
+    /// A result for a scenario that did not run (skipped, or failed before it started).
+    pub fn not_run(name: &str, file: &std::path::Path, verdict: Verdict, reason: String) -> Self {
+        ScenarioResult {
+            name: name.to_string(),
+            file: file.to_owned(),
+            verdict,
+            reason: Some(reason),
+            duration_s: 0.0,
+            repeats: 0,
+            repeats_failed: 0,
+            metrics: Default::default(),
+            latency: Default::default(),
+            evidence: Evidence::default(),
+        }
+    }
 }

@@ -50,6 +50,8 @@ pub struct Counts {
     pub pass: usize,
     pub fail: usize,
     pub skip: usize,
+    pub xfail: usize,
+    pub xpass: usize,
 }
 
 impl Counts {
@@ -58,6 +60,8 @@ impl Counts {
             Verdict::Pass => self.pass += 1,
             Verdict::Fail => self.fail += 1,
             Verdict::Skip => self.skip += 1,
+            Verdict::Xfail => self.xfail += 1,
+            Verdict::Xpass => self.xpass += 1,
         }
     }
 }

@@ -6,5 +6,6 @@ pub mod coordinator;
 pub mod events;
 pub mod launcher;
 pub mod policy;
+pub mod preflight;
 pub mod runner;
 pub mod verdict;

@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::hosts::probe::HostFacts;
 use crate::hosts::profile::HostProfile;
 use crate::model::requirement::{Requirement, SkipReason};
-use crate::model::result::{Evidence, ScenarioResult, Verdict};
+use crate::model::result::{ScenarioResult, Verdict};
 use crate::model::scenario::{Fault, Scenario};
 
 /// What happens to a scenario before any rank starts.
@@ -33,18 +33,7 @@ impl Decision {
 
 /// A result for a scenario that did not run (skipped, or failed before it started).
 pub fn not_run(name: &str, file: &Path, verdict: Verdict, reason: String) -> ScenarioResult {
-    ScenarioResult {
-        name: name.to_string(),
-        file: file.to_owned(),
-        verdict,
-        reason: Some(reason),
-        duration_s: 0.0,
-        repeats: 0,
-        repeats_failed: 0,
-        metrics: Default::default(),
-        latency: Default::default(),
-        evidence: Evidence::default(),
-    }
+    ScenarioResult::not_run(name, file, verdict, reason)
 }
 
 /// The policy's inputs that do not change within a run.

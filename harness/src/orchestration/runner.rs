@@ -12,10 +12,12 @@ use hdrhistogram::Histogram;
 
 use super::coordinator::{self, Plan};
 use super::events::{Counts, Reporter, RunEvent, RunMeta};
-use super::policy::{self, Policy};
+use super::policy::{self, Decision, Policy};
+use super::preflight;
 use crate::hosts::placement::Placement;
 use crate::hosts::profile::{HostProfile, ProfileKind};
 use crate::hosts::vm;
+use crate::model::known;
 use crate::model::metric::{Metric, SampleKey};
 use crate::model::requirement::SkipReason;
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
@@ -95,7 +97,8 @@ pub fn run(
     if matches!(profile.kind, ProfileKind::RxeVm | ProfileKind::RxeVmPair) {
         // The whole run happens inside the VM; its results are recorded here as they are.
         let results = in_vm(&selected, profile, &policy, opts, seed, &dir, &interrupted);
-        for (i, result) in results.into_iter().enumerate() {
+        for (i, mut result) in results.into_iter().enumerate() {
+            known::apply(&mut result, &profile.known, opts.strict);
             out.finished(i, result)?;
         }
     } else {
@@ -112,7 +115,14 @@ pub fn run(
                 break;
             }
             let s = &loaded.scenario;
-            let result = match policy.decide(s).result(&s.name, &loaded.path) {
+            let mut decision = policy.decide(s);
+            if decision == Decision::Run {
+                let needs = crate::rank::steps::preflight(&loaded.steps());
+                if let Some(reason) = preflight::unmet(&needs, &placement) {
+                    decision = policy.unmet(reason, &[]);
+                }
+            }
+            let mut result = match decision.result(&s.name, &loaded.path) {
                 Some(not_run) => not_run,
                 None => {
                     out.emit(RunEvent::ScenarioStarted {
@@ -122,6 +132,7 @@ pub fn run(
                     run_scenario(loaded, &cx)
                 }
             };
+            known::apply(&mut result, &profile.known, opts.strict);
             out.finished(i, result)?;
         }
     }

@@ -30,6 +30,7 @@ pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Ve
         }
     }
     failures.extend(attempt.audit.iter().cloned());
+    failures.extend(attempt.reconciled_failures.iter().cloned());
     for l in &attempt.leftovers {
         failures.push(format!("process left behind: {l}"));
     }

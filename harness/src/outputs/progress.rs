@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::model::result::Verdict;
 use crate::orchestration::events::{Reporter, RunEvent};
 
 #[derive(Default)]
@@ -51,11 +50,7 @@ impl Reporter for Progress {
                 None => crate::say!("[{}/{}] {} ...", index + 1, self.total, printable(name)),
             },
             RunEvent::ScenarioFinished { index, result, .. } => {
-                let verdict = match result.verdict {
-                    Verdict::Pass => "PASS",
-                    Verdict::Fail => "FAIL",
-                    Verdict::Skip => "SKIP",
-                };
+                let verdict = result.verdict.as_str().to_uppercase();
                 let line = format!(
                     "[{}/{}] {verdict} {} ({:.1} s){}",
                     index + 1,
@@ -84,8 +79,14 @@ impl Reporter for Progress {
                 if let Some(b) = self.bar.take() {
                     b.finish_and_clear();
                 }
+                let known = match (counts.xfail, counts.xpass) {
+                    (0, 0) => String::new(),
+                    (x, y) => {
+                        format!(", {x} known failures (xfail), {y} unexpected passes (xpass)")
+                    }
+                };
                 crate::say!(
-                    "{} passed, {} failed, {} skipped in {:.1} s{}; report: {}",
+                    "{} passed, {} failed, {} skipped{known} in {:.1} s{}; report: {}",
                     counts.pass,
                     counts.fail,
                     counts.skip,

@@ -93,13 +93,11 @@ impl ReportWriter {
             return Ok(());
         };
         let mut counts = BTreeMap::new();
-        for v in [Verdict::Pass, Verdict::Fail, Verdict::Skip] {
-            let key = match v {
-                Verdict::Pass => "pass",
-                Verdict::Fail => "fail",
-                Verdict::Skip => "skip",
-            };
-            counts.insert(key, self.results.iter().filter(|r| r.verdict == v).count());
+        for v in Verdict::ALL {
+            counts.insert(
+                v.as_str(),
+                self.results.iter().filter(|r| r.verdict == v).count(),
+            );
         }
         let doc = Document {
             meta: &open.meta_json,
@@ -130,9 +128,16 @@ impl ReportWriter {
         for r in &self.results {
             let status = match r.verdict {
                 Verdict::Pass => TestCaseStatus::success(),
-                Verdict::Skip => {
+                Verdict::Skip | Verdict::Xpass => {
                     let mut s = TestCaseStatus::skipped();
                     s.set_message(r.reason.clone().unwrap_or_default());
+                    s
+                }
+                // JUnit has no expected failure: a skip that says so, with the evidence.
+                Verdict::Xfail => {
+                    let mut s = TestCaseStatus::skipped();
+                    s.set_message(format!("xfail: {}", r.reason.clone().unwrap_or_default()));
+                    s.set_description(evidence_summary(r));
                     s
                 }
                 Verdict::Fail => {
@@ -171,6 +176,8 @@ impl ReportWriter {
                 Verdict::Pass => "✅ pass",
                 Verdict::Fail => "❌ fail",
                 Verdict::Skip => "⏭️ skip",
+                Verdict::Xfail => "⚠️ xfail",
+                Verdict::Xpass => "❔ xpass",
             };
             let mut details = r.reason.clone().unwrap_or_default();
             if details.is_empty() {
@@ -183,15 +190,21 @@ impl ReportWriter {
                 details.replace('|', "\\|").replace('\n', " ")
             ));
         }
-        let (p, f, k) = count(&self.results);
-        s.push_str(&format!("\n{p} passed, {f} failed, {k} skipped.\n"));
+        let c = |v| self.results.iter().filter(|r| r.verdict == v).count();
+        s.push_str(&format!(
+            "\n{} passed, {} failed, {} skipped.\n",
+            c(Verdict::Pass),
+            c(Verdict::Fail),
+            c(Verdict::Skip)
+        ));
+        let (xfail, xpass) = (c(Verdict::Xfail), c(Verdict::Xpass));
+        if xfail + xpass > 0 {
+            s.push_str(&format!(
+                "{xfail} known failures (xfail), {xpass} unexpected passes (xpass).\n"
+            ));
+        }
         s
     }
-}
-
-fn count(rs: &[ScenarioResult]) -> (usize, usize, usize) {
-    let c = |v| rs.iter().filter(|r| r.verdict == v).count();
-    (c(Verdict::Pass), c(Verdict::Fail), c(Verdict::Skip))
 }
 
 /// A few numbers that say what a passing scenario measured.

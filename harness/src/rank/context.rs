@@ -104,6 +104,8 @@ pub struct Ctx {
     pub listener: Listener,
     pub raw: TcpListener,
     pub control: Control,
+    /// A folder for this repeat's external programs, shared by the ranks of one host.
+    pub run_dir: std::path::PathBuf,
 }
 
 impl Ctx {

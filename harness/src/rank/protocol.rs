@@ -23,6 +23,9 @@ pub struct PeerAddrs {
     /// The address of this rank's first active RoCE interface, when it has one.
     #[serde(default)]
     pub rdma: Option<std::net::IpAddr>,
+    /// A free TCP port on this rank's host, reserved for an external program (exec steps).
+    #[serde(default)]
+    pub exec_port: u16,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

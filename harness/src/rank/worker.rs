@@ -43,6 +43,7 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
         transport: listener.local_addr(),
         raw: raw.local_addr()?,
         rdma: steps::rdma_support::local_address(),
+        exec_port: free_port(bind)?,
     };
     write_line(&mut writer, &RankMsg::Ready { addrs })?;
 
@@ -77,6 +78,7 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
             }
         })?;
     let ctx = Ctx {
+        run_dir: std::env::temp_dir().join(format!("wringer-exec-{}", rendezvous.port())),
         rank,
         ranks: peers.len() as u32,
         peers,
@@ -99,6 +101,13 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
     }
     ctx.control.send(&RankMsg::Done)?;
     Ok(())
+}
+
+/// A port nothing on this host uses now, for an external program to listen on. The kernel
+/// hands out ephemeral ports in turn, so it is not given to another socket soon.
+fn free_port(bind: IpAddr) -> Result<u16> {
+    let probe = TcpListener::bind(SocketAddr::new(bind, 0)).context("reserving an exec port")?;
+    Ok(probe.local_addr()?.port())
 }
 
 /// A rank started over SSH: lead its own process group (so the coordinator can kill all of it

@@ -55,6 +55,8 @@ pub struct Attempt {
     pub rendezvous: Option<Duration>,
     /// Lifecycle audit violations, each with its trace lines.
     pub audit: Vec<String>,
+    /// Expectations judged on every rank's evidence together (see `StepKind::reconcile`).
+    pub reconciled_failures: Vec<String>,
     /// Stacks captured when the watchdog fired, until the hang is recorded.
     stacks: Vec<(u32, u32, String)>,
 }
@@ -375,13 +377,20 @@ fn reconcile(steps: &[Step], attempt: &mut Attempt) {
             .filter(|(_, r)| r.step == i)
             .map(|(rank, r)| (*rank, r))
             .collect();
-        let (derived, notes) = step.kind().reconcile(&reports);
-        if derived.is_empty() && notes.is_empty() {
+        let derived = step.kind().reconcile(&reports);
+        attempt.reconciled_failures.extend(
+            derived
+                .failures
+                .iter()
+                .map(|f| format!("step {i}, from every rank's evidence: {f}")),
+        );
+        if derived.metrics.is_empty() && derived.notes.is_empty() {
             continue;
         }
         let mut r = StepReport::new(i);
-        r.metrics.extend(derived);
-        r.notes = notes
+        r.metrics.extend(derived.metrics);
+        r.notes = derived
+            .notes
             .into_iter()
             .map(|n| format!("coordinator: {n}"))
             .collect();

@@ -12,7 +12,7 @@ const CSS: &str = r#"
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2330;max-width:1400px}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #dde;padding-bottom:4px}
 table{border-collapse:collapse}td,th{border:1px solid #ccd;padding:4px 8px;vertical-align:top;text-align:left}
-td.pass{background:#d9f5dd}td.fail{background:#fbd5d5}td.skip{background:#eceff4}td.none{background:#fff}
+td.pass{background:#d9f5dd}td.fail{background:#fbd5d5}td.skip{background:#eceff4}td.xfail{background:#fdebc8}td.xpass{background:#e3d7f7}td.none{background:#fff}
 details summary{cursor:pointer;font-weight:600}pre{background:#f6f7f9;padding:8px;overflow:auto;max-height:420px;font-size:12px}
 .charts{display:flex;flex-wrap:wrap;gap:12px}.chart,.hist{background:#fbfbfd;border:1px solid #e3e5ea}
 .title{font-size:12px;font-weight:600;fill:#1d2330}.tick{font-size:10px;fill:#555}.grid{stroke:#e6e8ee}.bar{fill:#4c78a8}
@@ -20,11 +20,7 @@ details summary{cursor:pointer;font-weight:600}pre{background:#f6f7f9;padding:8p
 "#;
 
 fn verdict_class(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Pass => "pass",
-        Verdict::Fail => "fail",
-        Verdict::Skip => "skip",
-    }
+    v.as_str()
 }
 
 fn anchor(profile: &str, scenario: &str) -> String {
@@ -66,12 +62,14 @@ pub fn render(
         };
         let _ = write!(
             h,
-            "<p id=\"counts-{}\"><b>{}</b>: {} passed, {} failed, {} skipped in {:.1} s{state}</p>",
+            "<p id=\"counts-{}\"><b>{}</b>: {} passed, {} failed, {} skipped, {} known failures (xfail), {} unexpected passes (xpass) in {:.1} s{state}</p>",
             e(&r.host_profile),
             e(&r.host_profile),
             c(Verdict::Pass),
             c(Verdict::Fail),
             c(Verdict::Skip),
+            c(Verdict::Xfail),
+            c(Verdict::Xpass),
             r.duration_s
         );
     }

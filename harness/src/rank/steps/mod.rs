@@ -3,10 +3,12 @@
 //! A new step kind is a file holding its parameters (the YAML mapping under the kind's name),
 //! its [`StepKind`] implementation and its unit tests, plus one line in [`registry!`] below.
 
+mod external;
 mod gpu_support;
 mod raw_peer;
 pub mod rdma_support;
 mod support;
+mod template;
 
 use std::time::Duration;
 
@@ -31,9 +33,39 @@ pub trait StepKind: StepSpec {
     /// sides of each connection agreeing, say). The metrics must be among those declared;
     /// expectations judge them like any other.
     /// Notes explain what the metrics count (the attempts where the sides disagreed, say).
-    fn reconcile(&self, _reports: &[(u32, &StepReport)]) -> (Vec<(Metric, f64)>, Vec<String>) {
-        (vec![], vec![])
+    fn reconcile(&self, _reports: &[(u32, &StepReport)]) -> Reconciled {
+        Reconciled::default()
     }
+
+    /// Programs and checks that must succeed on every host before the step can run there;
+    /// one that does not is a typed skip, not a failure.
+    fn preflight(&self) -> Vec<Preflight> {
+        vec![]
+    }
+}
+
+/// What the coordinator derived from every rank's report of one step.
+#[derive(Debug, Default, PartialEq)]
+pub struct Reconciled {
+    pub metrics: Vec<(Metric, f64)>,
+    pub notes: Vec<String>,
+    /// Expectations that only both sides' evidence can judge, broken: each fails the repeat.
+    pub failures: Vec<String>,
+}
+
+/// Something a host must have for a step to run there.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Preflight {
+    /// A program in PATH, and the Debian package that has it.
+    Program {
+        name: String,
+        package: Option<String>,
+    },
+    /// A command that must exit 0; otherwise the step skips with `reason`.
+    Check {
+        command: Vec<String>,
+        reason: String,
+    },
 }
 
 /// The registry: each line names a step kind as YAML spells it and the file (module) that
@@ -85,6 +117,7 @@ registry! {
     GpuPingpongRdma(gpu_pingpong_rdma::GpuPingpongRdma) = "gpu-pingpong-rdma",
     ListenerNeverAnswers(listener_never_answers::ListenerNeverAnswers) = "listener-never-answers",
     Stall(stall::Stall) = "stall",
+    Exec(exec::Exec) = "exec",
 }
 
 impl Named for Step {
@@ -109,6 +142,17 @@ impl StepSpec for Step {
     fn check(&self, ranks: u32) -> Result<(), String> {
         self.kind().check(ranks)
     }
+}
+
+/// Everything the scenario's steps need of a host before it runs.
+pub fn preflight(steps: &[Step]) -> Vec<Preflight> {
+    let mut all: Vec<Preflight> = vec![];
+    for p in steps.iter().flat_map(|s| s.kind().preflight()) {
+        if !all.contains(&p) {
+            all.push(p);
+        }
+    }
+    all
 }
 
 /// A scenario whose steps are the registered kinds.

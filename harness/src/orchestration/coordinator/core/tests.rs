@@ -33,6 +33,7 @@ fn addrs(rank: u32) -> PeerAddrs {
         transport: SocketAddr::new(ip, 20000 + rank as u16),
         raw: SocketAddr::new(ip, 30000 + rank as u16),
         rdma: None,
+        exec_port: 0,
     }
 }
 

@@ -1,0 +1,140 @@
+//! Before a scenario's ranks start: do its hosts have the programs its exec steps run, and do
+//! its pre-checks pass there? A host that lacks one makes the scenario a typed skip
+//! (`missing-program: fi_pingpong (Debian package libfabric-bin)`, `precheck: ...`), decided
+//! by the policy like a missing RDMA device.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::hosts::child;
+use crate::hosts::placement::Placement;
+use crate::model::requirement::SkipReason;
+use crate::rank::steps::Preflight;
+
+const CHECK_LIMIT: Duration = Duration::from_secs(30);
+
+/// The first need that some host does not meet, as a skip reason.
+pub fn unmet(needs: &[Preflight], placement: &Placement) -> Option<SkipReason> {
+    for need in needs {
+        let failed = match placement {
+            Placement::Local => local(need).err(),
+            Placement::Remote { hosts, .. } => hosts.iter().find_map(|h| {
+                remote(need, &h.target)
+                    .err()
+                    .map(|why| format!("on {}: {why}", h.target.name))
+            }),
+        };
+        if let Some(detail) = failed {
+            let code = match need {
+                Preflight::Program { .. } => "missing-program",
+                Preflight::Check { .. } => "precheck",
+            };
+            return Some(SkipReason { code, detail });
+        }
+    }
+    None
+}
+
+fn missing(name: &str, package: &Option<String>) -> String {
+    match package {
+        Some(p) => format!("{name} (Debian package {p})"),
+        None => name.to_string(),
+    }
+}
+
+fn local(need: &Preflight) -> Result<(), String> {
+    match need {
+        Preflight::Program { name, package } => {
+            if in_path(name) {
+                Ok(())
+            } else {
+                Err(missing(name, package))
+            }
+        }
+        Preflight::Check { command, reason } => {
+            let words: Vec<&str> = command.iter().map(String::as_str).collect();
+            match child::run_bounded(&words, CHECK_LIMIT) {
+                Ok((Some(s), _)) if s.success() => Ok(()),
+                Ok((Some(s), _)) => Err(format!("{reason} (`{}` exited {s})", command.join(" "))),
+                Ok((None, _)) => Err(format!(
+                    "{reason} (`{}` ran past {CHECK_LIMIT:?})",
+                    command.join(" ")
+                )),
+                Err(why) => Err(format!("{reason} ({why})")),
+            }
+        }
+    }
+}
+
+fn remote(need: &Preflight, target: &crate::hosts::ssh::SshTarget) -> Result<(), String> {
+    let (words, why): (Vec<&str>, String) = match need {
+        Preflight::Program { name, package } => (
+            vec!["sh", "-c", "command -v \"$1\" >/dev/null", "sh", name],
+            missing(name, package),
+        ),
+        Preflight::Check { command, reason } => (
+            command.iter().map(String::as_str).collect(),
+            format!("{reason} (`{}` failed)", command.join(" ")),
+        ),
+    };
+    match target.run(&words, None, CHECK_LIMIT) {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(_) => Err(why),
+        Err(e) => Err(format!("{why}: {e:#}")),
+    }
+}
+
+/// Whether `name` is an executable here: a path, or found in PATH.
+fn in_path(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if name.contains('/') {
+        return executable(Path::new(name));
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| executable(&dir.join(name))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_program_names_its_package() {
+        let needs = [
+            Preflight::Program {
+                name: "sh".into(),
+                package: None,
+            },
+            Preflight::Program {
+                name: "wringer-no-such-tool".into(),
+                package: Some("wringer-tools".into()),
+            },
+        ];
+        let why = unmet(&needs, &Placement::Local).unwrap();
+        assert_eq!(
+            why.to_string(),
+            "missing-program: wringer-no-such-tool (Debian package wringer-tools)"
+        );
+        assert!(unmet(&needs[..1], &Placement::Local).is_none());
+    }
+
+    #[test]
+    fn a_failing_precheck_is_a_skip_with_its_reason_and_exit() {
+        let needs = [Preflight::Check {
+            command: vec!["sh".into(), "-c".into(), "exit 61".into()],
+            reason: "no verbs provider".into(),
+        }];
+        let why = unmet(&needs, &Placement::Local).unwrap().to_string();
+        assert!(why.starts_with("precheck: no verbs provider"), "{why}");
+        assert!(why.contains("61"), "{why}");
+        let ok = [Preflight::Check {
+            command: vec!["true".into()],
+            reason: "never".into(),
+        }];
+        assert!(unmet(&ok, &Placement::Local).is_none());
+    }
+}

@@ -1,0 +1,878 @@
+//! exec: programs nobody here wrote, as ranks. Each role is a set of ranks running one
+//! program (placeholders for rank, world size, hosts and ports, see `template`); `after:` orders
+//! roles by readiness (a listening port read from /proc/net/tcp, or an output line). Faults
+//! strike a role's program when it starts, when it is ready, or on a matching output line, after
+//! an optional delay. Every line a program prints goes into the rank log with its time.
+//!
+//! Each rank reports one record of its program (times on the shared wall clock); the
+//! coordinator judges them together: per survivor, `detect_ms` (fault to the first line matching
+//! the role's `error`) and `exit_ms` (fault to exit), against each role's expectations. A
+//! program that logs the error and never exits is killed at the deadline and judged for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use nix::sys::signal::Signal;
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use super::external::{self, wall_us, Exit, External, Line, Pipe, SpawnError};
+use super::template::{self, Values};
+use super::{Preflight, Reconciled, StepKind};
+use crate::hosts::procfs;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exec {
+    pub roles: BTreeMap<String, Role>,
+    #[serde(default)]
+    pub faults: Vec<RoleFault>,
+    /// A program that prints nothing for this long (while not frozen by a fault) is killed
+    /// and judged for it, well before the deadline.
+    #[serde(default)]
+    pub no_output_timeout: Option<Dur>,
+    pub deadline: Dur,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Role {
+    pub ranks: Vec<u32>,
+    pub program: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The Debian package that has `program`, named in the skip when it is missing.
+    #[serde(default)]
+    pub package: Option<String>,
+    /// A command that must exit 0 on the host first; otherwise the scenario is skipped.
+    #[serde(default)]
+    pub precheck: Option<Precheck>,
+    /// Roles that must be ready before this one starts.
+    #[serde(default)]
+    pub after: Vec<String>,
+    #[serde(default)]
+    pub ready: Option<Ready>,
+    /// An output line matching this regex is the program noticing a fault.
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub metrics: Vec<Extract>,
+    #[serde(default)]
+    pub expect: RoleExpect,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Precheck {
+    pub command: Vec<String>,
+    /// Why the scenario cannot run when the command fails ("no tcp provider", say).
+    pub skip: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ready {
+    /// Ready once something listens on this rank's `{port}` (read from /proc/net/tcp).
+    #[serde(default)]
+    pub listening: bool,
+    /// Ready at the first output line matching this regex.
+    #[serde(default)]
+    pub line: Option<String>,
+    #[serde(default = "ready_timeout")]
+    pub timeout: Dur,
+}
+
+fn ready_timeout() -> Dur {
+    Dur(Duration::from_secs(30))
+}
+
+/// A metric read from the program's output: the first capture group of `regex`, or the
+/// number at `json` (a dotted key) in a JSON line, parsed leniently. The last match counts.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Extract {
+    pub metric: Metric,
+    #[serde(default)]
+    pub regex: Option<String>,
+    #[serde(default)]
+    pub json: Option<String>,
+}
+
+/// What a role's program must do. With neither `exit` nor `signal` nor `exit_within`, it
+/// must exit 0.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleExpect {
+    pub exit: Option<i32>,
+    /// Killed by this signal (`SIGKILL`).
+    pub signal: Option<String>,
+    /// Exits, any way, within this long of the fault.
+    pub exit_within: Option<Dur>,
+    /// Prints an `error` line within this long of the fault,
+    pub detect_within: Option<Dur>,
+    /// and not before this long after it (a timeout that fires early is a bug too).
+    pub detect_not_before: Option<Dur>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleFault {
+    pub role: String,
+    /// One rank of the role; all of them when absent.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    pub action: ProcessFault,
+    pub at: Trigger,
+    #[serde(default)]
+    pub delay: Option<Dur>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProcessFault {
+    Sigkill,
+    Sigstop,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Trigger {
+    Started,
+    Ready,
+    /// The first output line matching this regex.
+    Line(String),
+}
+
+/// Metrics an exec role may read from its program's output.
+pub const EXTRACTABLE: &[Metric] = &[
+    Metric::LatencyP50Us,
+    Metric::LatencyP99Us,
+    Metric::LatencyAvgUs,
+    Metric::BandwidthGbps,
+    Metric::Rounds,
+    Metric::DataMismatches,
+];
+
+/// One rank's account of its program, on the wall clock (µs since the epoch).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Record {
+    pub role: String,
+    pub rank: u32,
+    pub started_us: u64,
+    pub ready_us: Option<u64>,
+    /// The fault this rank struck its program with, and when.
+    pub fault: Option<(ProcessFault, u64)>,
+    pub first_error_us: Option<u64>,
+    pub first_error: Option<String>,
+    /// How it ended by itself; `None` when it was still running (or frozen) at the end.
+    pub exit: Option<String>,
+    pub exit_us: Option<u64>,
+    /// Why the harness ended it, when it did.
+    pub ended_by_harness: Option<String>,
+    /// Expectations this rank could judge alone, broken.
+    pub violations: Vec<String>,
+    /// The last lines it printed, for the verdict's evidence.
+    pub tail: Vec<String>,
+}
+
+const TAIL_LINES: usize = 12;
+const POLL: Duration = Duration::from_millis(10);
+
+impl StepSpec for Exec {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::DetectMs,
+            Metric::ExitMs,
+            Metric::LatencyP50Us,
+            Metric::LatencyP99Us,
+            Metric::LatencyAvgUs,
+            Metric::BandwidthGbps,
+            Metric::Rounds,
+            Metric::DataMismatches,
+        ]
+    }
+
+    fn min_ranks(&self) -> u32 {
+        1
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn check(&self, ranks: u32) -> Result<(), String> {
+        check(self, ranks)
+    }
+}
+
+fn check(e: &Exec, ranks: u32) -> Result<(), String> {
+    if e.roles.is_empty() {
+        return Err("an exec step needs at least one role".into());
+    }
+    if e.deadline.0 < Duration::from_secs(1) {
+        return Err("the deadline must be at least 1s".into());
+    }
+    if let Some(t) = e.no_output_timeout {
+        if t.0 >= e.deadline.0 {
+            return Err("no_output_timeout must be shorter than the deadline".into());
+        }
+    }
+    let mut owner: BTreeMap<u32, &str> = BTreeMap::new();
+    for (name, role) in &e.roles {
+        let at = |why: String| format!("role `{name}`: {why}");
+        if role.ranks.is_empty() {
+            return Err(at("needs at least one rank".into()));
+        }
+        for &r in &role.ranks {
+            if r >= ranks {
+                return Err(at(format!("rank {r} is not below the scenario's {ranks} ranks")));
+            }
+            if let Some(other) = owner.insert(r, name) {
+                return Err(at(format!("rank {r} is already in role `{other}`")));
+            }
+        }
+        let templates = std::iter::once(&role.program)
+            .chain(&role.args)
+            .chain(role.env.values());
+        for t in templates {
+            template::check(t, ranks).map_err(at)?;
+        }
+        if role.program.trim().is_empty() {
+            return Err(at("program is empty".into()));
+        }
+        for dep in &role.after {
+            let Some(d) = e.roles.get(dep) else {
+                return Err(at(format!("comes after `{dep}`, which is not a role")));
+            };
+            if d.ready.is_none() {
+                return Err(at(format!(
+                    "comes after `{dep}`, which has no `ready:` (when would it be ready?)"
+                )));
+            }
+        }
+        if let Some(r) = &role.ready {
+            match (&r.line, r.listening) {
+                (Some(l), false) => {
+                    compile(l).map_err(at)?;
+                }
+                (None, true) => {}
+                _ => return Err(at("ready needs exactly one of `listening: true` or `line:`".into())),
+            };
+        }
+        if let Some(l) = &role.error {
+            compile(l).map_err(at)?;
+        }
+        for x in &role.metrics {
+            if !EXTRACTABLE.contains(&x.metric) {
+                let names: Vec<String> = EXTRACTABLE.iter().map(|m| m.to_string()).collect();
+                return Err(at(format!(
+                    "`{}` cannot be read from output (these can: {})",
+                    x.metric,
+                    names.join(", ")
+                )));
+            }
+            match (&x.regex, &x.json) {
+                (Some(r), None) => {
+                    let re = compile(r).map_err(at)?;
+                    if re.captures_len() < 2 {
+                        return Err(at(format!("metric regex `{r}` needs a capture group")));
+                    }
+                }
+                (None, Some(_)) => {}
+                _ => return Err(at("a metric needs exactly one of `regex:` or `json:`".into())),
+            }
+        }
+        let x = &role.expect;
+        if let Some(s) = &x.signal {
+            if s.parse::<Signal>().is_err() {
+                return Err(at(format!("`{s}` is not a signal name (SIGKILL, SIGTERM, ...)")));
+            }
+            if x.exit.is_some() {
+                return Err(at("expect either `exit` or `signal`, not both".into()));
+            }
+        }
+        let timed = x.exit_within.is_some() || x.detect_within.is_some() || x.detect_not_before.is_some();
+        if timed && !e.faults.iter().any(|f| f.role != *name) {
+            return Err(at("expects timing after a fault, but no fault strikes another role".into()));
+        }
+        if (x.detect_within.is_some() || x.detect_not_before.is_some()) && role.error.is_none() {
+            return Err(at("detection is timed by the `error:` line; set `error:`".into()));
+        }
+    }
+    cycle_free(e)?;
+    for f in &e.faults {
+        let Some(role) = e.roles.get(&f.role) else {
+            return Err(format!("a fault names role `{}`, which does not exist", f.role));
+        };
+        if let Some(r) = f.rank {
+            if !role.ranks.contains(&r) {
+                return Err(format!("a fault names rank {r}, which is not in role `{}`", f.role));
+            }
+        }
+        match &f.at {
+            Trigger::Ready if role.ready.is_none() => {
+                return Err(format!("a fault strikes `{}` when ready, but it has no `ready:`", f.role))
+            }
+            Trigger::Line(l) => {
+                compile(l)?;
+            }
+            _ => {}
+        }
+        if f.delay.is_some_and(|d| d.0 >= e.deadline.0) {
+            return Err("a fault's delay must be shorter than the deadline".into());
+        }
+    }
+    Ok(())
+}
+
+fn compile(r: &str) -> Result<Regex, String> {
+    Regex::new(r).map_err(|e| format!("bad regex `{r}`: {e}"))
+}
+
+fn cycle_free(e: &Exec) -> Result<(), String> {
+    fn visit<'a>(
+        e: &'a Exec,
+        name: &'a str,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> Result<(), String> {
+        if path.contains(&name) {
+            path.push(name);
+            return Err(format!("roles wait for each other in a circle: {}", path.join(" -> ")));
+        }
+        if done.contains(name) {
+            return Ok(());
+        }
+        path.push(name);
+        for dep in &e.roles[name].after {
+            visit(e, dep, path, done)?;
+        }
+        path.pop();
+        done.insert(name);
+        Ok(())
+    }
+    let mut done = BTreeSet::new();
+    for name in e.roles.keys() {
+        visit(e, name, &mut vec![], &mut done)?;
+    }
+    Ok(())
+}
+
+impl Exec {
+    fn role_of(&self, rank: u32) -> Option<(&String, &Role)> {
+        self.roles.iter().find(|(_, r)| r.ranks.contains(&rank))
+    }
+
+    /// Ranks that meet at role `name`'s ready barrier: its own and those that come after it.
+    fn ready_parties(&self, name: &str) -> u32 {
+        let own = self.roles[name].ranks.len();
+        let waiting: usize = self
+            .roles
+            .values()
+            .filter(|r| r.after.iter().any(|d| d == name))
+            .map(|r| r.ranks.len())
+            .sum();
+        (own + waiting) as u32
+    }
+
+    fn has_dependents(&self, name: &str) -> bool {
+        self.roles.values().any(|r| r.after.iter().any(|d| d == name))
+    }
+
+    fn all_ranks(&self) -> u32 {
+        self.roles.values().map(|r| r.ranks.len() as u32).sum()
+    }
+}
+
+fn ready_barrier(step: usize, role: &str) -> String {
+    format!("step-{step}-exec-ready-{role}")
+}
+
+impl StepKind for Exec {
+    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+        let Some((name, role)) = self.role_of(ctx.rank) else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        // Leave the coordinator's watchdog time to hear from us after our own limit.
+        let margin = (self.deadline.0 / 10).min(Duration::from_secs(5));
+        let end = started + self.deadline.0 - margin;
+        let left = || end.saturating_duration_since(Instant::now());
+        let dir = ctx.run_dir.join(format!("step-{step}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let values = values(ctx, &dir);
+        for dep in &role.after {
+            ctx.control
+                .barrier(&ready_barrier(step, dep), self.ready_parties(dep), left())
+                .with_context(|| format!("role `{name}` waited for role `{dep}` to be ready"))?;
+        }
+        let fill = |t: &String| template::fill(t, &values).map_err(anyhow::Error::msg);
+        let program = fill(&role.program)?;
+        let args = role.args.iter().map(fill).collect::<Result<Vec<_>>>()?;
+        let env = template::fill_map(&role.env, &values).map_err(anyhow::Error::msg)?;
+        log(ctx, name, started, &format!("starting: {program} {}", args.join(" ")));
+        let mut proc = External::spawn(&program, &args, &env).map_err(|e| match e {
+            SpawnError::Missing(p) => anyhow::anyhow!(
+                "missing-program: {p}{}",
+                role.package
+                    .as_deref()
+                    .map(|pkg| format!(" (Debian package {pkg})"))
+                    .unwrap_or_default()
+            ),
+            other => anyhow::anyhow!(other),
+        })?;
+        let mut watch = Watch::new(self, name, role, ctx.rank, values.ports[ctx.rank as usize])?;
+        watch.record.started_us = wall_us(started);
+        watch.trigger(&Trigger::Started, started);
+        let mut last_output = Instant::now();
+        let mut next_port_check = Instant::now();
+        loop {
+            if let Some(exit) = proc.exited() {
+                for l in proc.finish(Duration::from_millis(200)) {
+                    watch.line(ctx, &l, started);
+                }
+                watch.record.exit = Some(exit.to_string());
+                watch.record.exit_us = Some(wall_us(Instant::now()));
+                watch.exit = Some(exit);
+                break;
+            }
+            let now = Instant::now();
+            if now >= end {
+                watch.ended("still running at the step's deadline");
+                hang_evidence(ctx, name, &proc);
+                break;
+            }
+            if watch.frozen() {
+                // Frozen on purpose: it stays frozen until every rank is done.
+                break;
+            }
+            if let Some(t) = self.no_output_timeout {
+                if now.duration_since(last_output) > t.0 {
+                    watch.ended(&format!("printed nothing for {:?}", t.0));
+                    hang_evidence(ctx, name, &proc);
+                    break;
+                }
+            }
+            if let Some(l) = proc.next_line(POLL) {
+                last_output = l.at;
+                if watch.line(ctx, &l, started) {
+                    watch.on_ready(ctx, step, l.at)?;
+                }
+            }
+            if watch.record.ready_us.is_none()
+                && role.ready.as_ref().is_some_and(|r| r.listening)
+                && Instant::now() >= next_port_check
+            {
+                next_port_check = Instant::now() + Duration::from_millis(20);
+                if external::listening_on(watch.port) {
+                    watch.on_ready(ctx, step, Instant::now())?;
+                }
+            }
+            if let Some(r) = &role.ready {
+                if watch.record.ready_us.is_none() && started.elapsed() > r.timeout.0 {
+                    watch.ended(&format!("not ready within {:?}", r.timeout.0));
+                    break;
+                }
+            }
+            watch.strike_due(&proc);
+        }
+        // Every rank of the step meets here before any program is ended, so a frozen peer
+        // stays frozen (and a dead one dead) until every survivor has had its say.
+        let done = ctx
+            .control
+            .barrier(&format!("step-{step}-exec-done"), self.all_ranks(), left() + margin / 2);
+        for l in proc.finish(Duration::from_millis(200)) {
+            watch.line(ctx, &l, started);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        done.context("waiting for the other ranks' programs to end")?;
+        if watch.record.exit.is_none() && watch.exit.is_none() {
+            if let Some(e) = proc.exited() {
+                log(ctx, name, started, &format!("ended by the harness: {e}"));
+            }
+        }
+        watch.judge_alone();
+        for (metric, value) in &watch.metrics {
+            report.metrics.insert(*metric, *value);
+        }
+        report.outcomes.push(serde_json::to_string(&watch.record)?);
+        Ok(())
+    }
+
+    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> Reconciled {
+        reconcile(self, reports)
+    }
+
+    fn preflight(&self) -> Vec<Preflight> {
+        let mut needs = vec![];
+        for role in self.roles.values() {
+            if !role.program.contains('{') {
+                needs.push(Preflight::Program {
+                    name: role.program.clone(),
+                    package: role.package.clone(),
+                });
+            }
+            if let Some(p) = &role.precheck {
+                needs.push(Preflight::Check {
+                    command: p.command.clone(),
+                    reason: p.skip.clone(),
+                });
+            }
+        }
+        needs
+    }
+}
+
+fn values(ctx: &Ctx, dir: &std::path::Path) -> Values {
+    let host = ctx.peers[ctx.rank as usize].transport.ip();
+    Values {
+        rank: ctx.rank,
+        ranks: ctx.ranks,
+        iface: interface_of(host).unwrap_or_default(),
+        dir: dir.display().to_string(),
+        seed: ctx.seed,
+        hosts: ctx.peers.iter().map(|p| p.transport.ip().to_string()).collect(),
+        ports: ctx.peers.iter().map(|p| p.exec_port).collect(),
+    }
+}
+
+/// The interface that holds `ip` on this host.
+fn interface_of(ip: std::net::IpAddr) -> Option<String> {
+    nix::ifaddrs::getifaddrs().ok()?.find_map(|a| {
+        let addr = a.address?;
+        let same = match ip {
+            std::net::IpAddr::V4(v4) => addr.as_sockaddr_in().is_some_and(|s| s.ip() == v4),
+            std::net::IpAddr::V6(v6) => addr.as_sockaddr_in6().is_some_and(|s| s.ip() == v6),
+        };
+        same.then(|| a.interface_name.clone())
+    })
+}
+
+/// Stacks of the program and every process under it, into the rank log, before the harness
+/// ends it: a hang is evidence like any other.
+fn hang_evidence(ctx: &Ctx, role: &str, proc: &External) {
+    for pid in external::process_tree(proc.pid()) {
+        let stacks = procfs::capture_stacks(pid, Duration::from_secs(10));
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        eprintln!(
+            "[exec {role} rank {}] stacks of pid {pid} ({}) before the harness ends it:\n{stacks}",
+            ctx.rank,
+            comm.trim()
+        );
+    }
+}
+
+fn log(ctx: &Ctx, role: &str, started: Instant, text: &str) {
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    eprintln!("[exec {role} rank {} +{ms:.3}ms] {text}", ctx.rank);
+}
+
+/// What one rank watches of its program while it runs.
+struct Watch<'a> {
+    role: &'a Role,
+    name: &'a str,
+    exec: &'a Exec,
+    port: u16,
+    error: Option<Regex>,
+    ready_line: Option<Regex>,
+    extracts: Vec<(Metric, Option<Regex>, Option<String>)>,
+    /// This rank's faults, each with when it becomes due (once triggered) and whether it struck.
+    faults: Vec<(&'a RoleFault, Option<Regex>, Option<Instant>, bool)>,
+    metrics: BTreeMap<Metric, f64>,
+    record: Record,
+    exit: Option<Exit>,
+}
+
+impl<'a> Watch<'a> {
+    fn new(exec: &'a Exec, name: &'a str, role: &'a Role, rank: u32, port: u16) -> Result<Watch<'a>> {
+        let re = |r: &Option<String>| r.as_deref().map(Regex::new).transpose();
+        let faults = exec
+            .faults
+            .iter()
+            .filter(|f| f.role == name && f.rank.is_none_or(|r| r == rank))
+            .map(|f| {
+                let line = match &f.at {
+                    Trigger::Line(l) => Some(Regex::new(l)?),
+                    _ => None,
+                };
+                Ok((f, line, None, false))
+            })
+            .collect::<Result<Vec<_>, regex::Error>>()?;
+        Ok(Watch {
+            role,
+            name,
+            exec,
+            port,
+            error: re(&role.error)?,
+            ready_line: re(&role.ready.as_ref().and_then(|r| r.line.clone()))?,
+            extracts: role
+                .metrics
+                .iter()
+                .map(|x| Ok((x.metric, re(&x.regex)?, x.json.clone())))
+                .collect::<Result<_, regex::Error>>()?,
+            faults,
+            metrics: BTreeMap::new(),
+            record: Record {
+                role: name.to_string(),
+                rank,
+                ..Record::default()
+            },
+            exit: None,
+        })
+    }
+
+    /// Log and read one output line; true when it makes the program ready.
+    fn line(&mut self, ctx: &Ctx, l: &Line, started: Instant) -> bool {
+        let pipe = match l.pipe {
+            Pipe::Out => "out",
+            Pipe::Err => "err",
+        };
+        let ms = l.at.saturating_duration_since(started).as_secs_f64() * 1000.0;
+        eprintln!("[exec {} rank {} +{ms:.3}ms {pipe}] {}", self.name, ctx.rank, l.text);
+        self.record.tail.push(l.text.chars().take(300).collect());
+        if self.record.tail.len() > TAIL_LINES {
+            self.record.tail.remove(0);
+        }
+        if self.record.first_error_us.is_none() && self.error.as_ref().is_some_and(|r| r.is_match(&l.text)) {
+            self.record.first_error_us = Some(wall_us(l.at));
+            self.record.first_error = Some(l.text.chars().take(300).collect());
+        }
+        for (metric, regex, json) in &self.extracts {
+            let value = match (regex, json) {
+                (Some(r), _) => r
+                    .captures(&l.text)
+                    .and_then(|c| c.get(1))
+                    .and_then(|m| m.as_str().parse::<f64>().ok()),
+                (None, Some(key)) => json_number(&l.text, key),
+                _ => None,
+            };
+            if let Some(v) = value.filter(|v| v.is_finite()) {
+                self.metrics.insert(*metric, v);
+            }
+        }
+        for f in &mut self.faults {
+            if f.2.is_none() && f.1.as_ref().is_some_and(|r| r.is_match(&l.text)) {
+                f.2 = Some(l.at + f.0.delay.map(|d| d.0).unwrap_or_default());
+            }
+        }
+        self.record.ready_us.is_none() && self.ready_line.as_ref().is_some_and(|r| r.is_match(&l.text))
+    }
+
+    fn trigger(&mut self, t: &Trigger, at: Instant) {
+        for f in &mut self.faults {
+            if f.2.is_none() && f.0.at == *t {
+                f.2 = Some(at + f.0.delay.map(|d| d.0).unwrap_or_default());
+            }
+        }
+    }
+
+    fn on_ready(&mut self, ctx: &Ctx, step: usize, at: Instant) -> Result<()> {
+        self.record.ready_us = Some(wall_us(at));
+        eprintln!("[exec {} rank {}] ready", self.name, ctx.rank);
+        self.trigger(&Trigger::Ready, at);
+        if self.exec.has_dependents(self.name) {
+            let limit = self.role.ready.as_ref().map(|r| r.timeout.0).unwrap_or(Duration::from_secs(30));
+            ctx.control
+                .barrier(&ready_barrier(step, self.name), self.exec.ready_parties(self.name), limit)
+                .context("waiting for the roles that come after this one to start")?;
+        }
+        Ok(())
+    }
+
+    fn strike_due(&mut self, proc: &External) {
+        let now = Instant::now();
+        for f in &mut self.faults {
+            if f.3 || f.2.is_none_or(|due| now < due) {
+                continue;
+            }
+            f.3 = true;
+            let sig = match f.0.action {
+                ProcessFault::Sigkill => Signal::SIGKILL,
+                ProcessFault::Sigstop => Signal::SIGSTOP,
+            };
+            match proc.signal(sig) {
+                Ok(()) => {
+                    eprintln!("[exec {} rank {}] fault: {sig} to pid {}", self.name, self.record.rank, proc.pid());
+                    self.record.fault.get_or_insert((f.0.action, wall_us(now)));
+                }
+                Err(e) => self
+                    .record
+                    .violations
+                    .push(format!("the {:?} fault could not strike: {e}", f.0.action)),
+            }
+        }
+    }
+
+    fn frozen(&self) -> bool {
+        matches!(self.record.fault, Some((ProcessFault::Sigstop, _)))
+    }
+
+    fn ended(&mut self, why: &str) {
+        self.record.ended_by_harness = Some(why.to_string());
+    }
+
+    /// What this rank can judge alone: how its program ended, and whether its faults struck.
+    fn judge_alone(&mut self) {
+        let x = &self.role.expect;
+        let v = &mut self.record.violations;
+        for f in &self.faults {
+            if !f.3 {
+                v.push(format!("the {:?} fault at {:?} never struck (its trigger never came)", f.0.action, f.0.at));
+            }
+        }
+        let struck = self.record.fault.is_some();
+        match (&self.exit, &self.record.ended_by_harness) {
+            _ if struck && x.exit.is_none() && x.signal.is_none() => {}
+            // Exiting in time after a fault is judged with the fault's time, by the coordinator.
+            (None, _) if x.exit_within.is_some() => {}
+            (None, why) => {
+                {
+                    v.push(format!(
+                        "did not exit: {} (killed by the harness)",
+                        why.as_deref().unwrap_or("still running when the others were done")
+                    ));
+                }
+            }
+            (Some(exit), _) => {
+                let wanted = match (&x.exit, &x.signal) {
+                    (Some(code), _) => Some(Exit::Code(*code)),
+                    (None, Some(s)) => s.parse::<Signal>().ok().map(|s| Exit::Signal(s as i32)),
+                    (None, None) if x.exit_within.is_none() => Some(Exit::Code(0)),
+                    (None, None) => None,
+                };
+                if let Some(w) = wanted.filter(|w| w != exit) {
+                    v.push(format!("ended with {exit}, expected {w}"));
+                }
+            }
+        }
+        if self.role.ready.is_some() && self.record.ready_us.is_none() && !struck {
+            v.push("never became ready".into());
+        }
+    }
+}
+
+/// The number at dotted `key` in a JSON line. Lenient: bare keys (`{avg: 1.5}`, as perftest
+/// writes them) are quoted first, and numbers given as strings are read too.
+fn json_number(line: &str, key: &str) -> Option<f64> {
+    let text = line.trim();
+    if !text.starts_with('{') {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(text).ok().or_else(|| {
+        let bare = Regex::new(r#"([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:"#).ok()?;
+        serde_json::from_str(&bare.replace_all(text, r#"$1"$2":"#)).ok()
+    })?;
+    let mut at = &value;
+    for part in key.split('.') {
+        at = at.get(part)?;
+    }
+    at.as_f64().or_else(|| at.as_str()?.trim().parse().ok())
+}
+
+fn reconcile(e: &Exec, reports: &[(u32, &StepReport)]) -> Reconciled {
+    let mut out = Reconciled::default();
+    let records: Vec<Record> = reports
+        .iter()
+        .flat_map(|(_, r)| r.outcomes.iter())
+        .filter_map(|o| serde_json::from_str(o).ok())
+        .collect();
+    if records.is_empty() {
+        return out;
+    }
+    let fault = records.iter().filter_map(|r| r.fault.map(|f| (r, f))).min_by_key(|(_, f)| f.1);
+    let (mut worst_detect, mut worst_exit) = (None::<f64>, None::<f64>);
+    for r in &records {
+        let who = format!("rank {} ({})", r.rank, r.role);
+        for v in &r.violations {
+            out.failures.push(format!("{who}: {v}; its last lines: {}", tail(r)));
+        }
+        let Some((victim, (action, fault_us))) = fault else {
+            continue;
+        };
+        if r.fault.is_some() {
+            out.notes.push(format!("{who}: struck with {action:?}"));
+            continue;
+        }
+        let since = |t: Option<u64>| t.map(|t| (t as f64 - fault_us as f64) / 1000.0);
+        let (detect, exit) = (since(r.first_error_us), since(r.exit_us));
+        let role = &e.roles[&r.role];
+        let x = &role.expect;
+        if role.error.is_some() {
+            if let Some(d) = detect {
+                worst_detect = Some(worst_detect.map_or(d, |w| w.max(d)));
+            }
+        }
+        if let Some(t) = exit {
+            worst_exit = Some(worst_exit.map_or(t, |w| w.max(t)));
+        }
+        let fmt = |v: Option<f64>| v.map(|v| format!("{v:.1} ms")).unwrap_or_else(|| "never".into());
+        out.notes.push(format!(
+            "{who}: after the {action:?} of rank {}: detect_ms {}{}, exit_ms {} ({})",
+            victim.rank,
+            fmt(detect),
+            r.first_error.as_deref().map(|l| format!(" (`{l}`)")).unwrap_or_default(),
+            fmt(exit),
+            r.exit.as_deref().unwrap_or("did not exit")
+        ));
+        if let Some(limit) = x.detect_within {
+            match detect {
+                None => out.failures.push(format!(
+                    "{who}: never printed an error line after the fault (wanted within {:?}); its last lines: {}",
+                    limit.0,
+                    tail(r)
+                )),
+                Some(d) if d > limit.0.as_secs_f64() * 1000.0 => out.failures.push(format!(
+                    "{who}: noticed the fault after {d:.1} ms, over the {:?} allowed",
+                    limit.0
+                )),
+                _ => {}
+            }
+        }
+        if let (Some(floor), Some(d)) = (x.detect_not_before, detect) {
+            if d < floor.0.as_secs_f64() * 1000.0 {
+                out.failures.push(format!(
+                    "{who}: reported the fault after {d:.1} ms, before its {:?} timeout could have fired",
+                    floor.0
+                ));
+            }
+        }
+        if let Some(limit) = x.exit_within {
+            match exit {
+                None => out.failures.push(format!(
+                    "{who}: {} but never exited ({}; its stacks are in its rank log); its last lines: {}",
+                    detect
+                        .map(|d| format!("logged the error {d:.1} ms after the fault"))
+                        .unwrap_or("outlived the fault".into()),
+                    r.ended_by_harness.as_deref().unwrap_or("killed by the harness"),
+                    tail(r)
+                )),
+                Some(t) if t > limit.0.as_secs_f64() * 1000.0 => out.failures.push(format!(
+                    "{who}: exited {t:.1} ms after the fault, over the {:?} allowed",
+                    limit.0
+                )),
+                _ => {}
+            }
+        }
+    }
+    out.metrics.extend(worst_detect.map(|v| (Metric::DetectMs, v)));
+    out.metrics.extend(worst_exit.map(|v| (Metric::ExitMs, v)));
+    out
+}
+
+fn tail(r: &Record) -> String {
+    if r.tail.is_empty() {
+        return "(none)".into();
+    }
+    r.tail.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(" / ")
+}
+
+#[cfg(test)]
+mod tests;

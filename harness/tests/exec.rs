@@ -1,0 +1,210 @@
+//! The exec step kind end to end: external programs as ranks, faults on them, the timing of
+//! their survivors, typed skips, known failures, and nothing left behind. The programs are
+//! python3 and sh, which every machine that runs these tests has.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+mod common;
+
+const WRINGER: &str = env!("CARGO_BIN_EXE_wringer");
+
+fn fixture(name: &str) -> String {
+    format!("harness/tests/fixtures/exec/{name}")
+}
+
+fn marker(tag: &str) -> String {
+    format!("wringer-exec-{tag}-{}", std::process::id())
+}
+
+/// Run `wringer run` on fixtures; returns the output and results.json.
+fn run(tag: &str, args: &[&str]) -> (Output, Value) {
+    let dir = std::env::temp_dir().join(format!("wringer-exec-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(WRINGER)
+        .current_dir(common::repo())
+        .arg("run")
+        .args(args)
+        .arg("--report-dir")
+        .arg(&dir)
+        .env("CI", "true")
+        .env("WRINGER_TEST_MARKER", marker(tag))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let results = std::fs::read(dir.join("results.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
+    (out, results)
+}
+
+fn left_behind(tag: &str) -> Vec<u32> {
+    common::processes_with(&marker(tag))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn rank_log(results: &Value, rank: usize) -> String {
+    let path = results["scenarios"][0]["evidence"]["rank_logs"][rank]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::read_to_string(PathBuf::from(path)).unwrap()
+}
+
+#[test]
+fn a_killed_server_is_noticed_and_timed_per_survivor() {
+    let (out, r) = run("death", &[&fixture("server-death.yaml")]);
+    let s = &r["scenarios"][0];
+    assert_eq!(out.status.code(), Some(0), "{s:#}");
+    assert_eq!(s["verdict"], "pass");
+    let detect = s["metrics"]["detect_ms"]["max"].as_f64().unwrap();
+    let exit = s["metrics"]["exit_ms"]["max"].as_f64().unwrap();
+    assert!(
+        detect >= 0.0 && detect <= exit,
+        "detect {detect} ms, exit {exit} ms"
+    );
+    let notes = strings(&s["evidence"]["notes"]);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("rank 1 (client)") && n.contains("detect_ms")),
+        "{notes:?}"
+    );
+    // Every line the programs printed is in the rank logs, with its time.
+    let log = rank_log(&r, 1);
+    assert!(log.contains("[exec client rank 1 +"), "{log}");
+    assert!(log.contains("out] rounds=5"), "{log}");
+    assert!(rank_log(&r, 0).contains("fault: SIGKILL"));
+    assert!(left_behind("death").is_empty());
+}
+
+#[test]
+fn a_survivor_that_logs_the_error_but_never_exits_fails_with_stacks_and_is_ended() {
+    let (out, r) = run("never", &[&fixture("never-exits.yaml")]);
+    let s = &r["scenarios"][0];
+    assert_eq!(out.status.code(), Some(1), "{s:#}");
+    let failures = strings(&s["evidence"]["failures"]).join("\n");
+    assert!(
+        failures.contains("rank 1 (survivor): logged the error")
+            && failures.contains("but never exited (printed nothing for 3s"),
+        "{failures}"
+    );
+    assert!(failures.contains("`error: peer gone`"), "{failures}");
+    let log = rank_log(&r, 1);
+    assert!(log.contains("stacks of pid"), "{log}");
+    assert!(
+        left_behind("never").is_empty(),
+        "{:?}",
+        left_behind("never")
+    );
+}
+
+#[test]
+fn known_failures_are_xfail_and_a_known_failure_that_passes_is_xpass() {
+    let profile = fixture("known-failures.yaml");
+    let never = fixture("never-exits.yaml");
+    let death = fixture("server-death.yaml");
+    let args = ["--hosts", &profile, &never, &death];
+    let (out, r) = run("known", &args);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    let verdicts: Vec<(String, String)> = r["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().into(),
+                s["verdict"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert!(
+        verdicts.contains(&("exec-never-exits".into(), "xfail".into())),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts.contains(&("exec-server-death".into(), "xpass".into())),
+        "{verdicts:?}"
+    );
+    let xfail = r["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["verdict"] == "xfail")
+        .unwrap();
+    let reason = xfail["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "known failure: the survivor never exits (test fixture) (https://example.org/1)"
+        ),
+        "{reason}"
+    );
+    assert!(reason.contains("never exited"), "{reason}");
+    // The summary and JUnit say so too.
+    let dir = std::env::temp_dir().join(format!("wringer-exec-known-{}", std::process::id()));
+    let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("xfail") && summary.contains("xpass"),
+        "{summary}"
+    );
+    let junit = std::fs::read_to_string(dir.join("junit.xml")).unwrap();
+    assert!(junit.contains("xfail: known failure"), "{junit}");
+    // Under --strict the stale entry fails the run.
+    let (out, r) = run("strict", &["--hosts", &profile, "--strict", &death]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(r["scenarios"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("xpass under --strict"));
+}
+
+#[test]
+fn a_missing_program_and_a_failing_precheck_are_typed_skips() {
+    let (out, r) = run(
+        "skips",
+        &[&fixture("missing.yaml"), &fixture("precheck.yaml")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    let reasons: Vec<String> = r["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("{} {}", s["verdict"], s["reason"].as_str().unwrap_or("")))
+        .collect();
+    assert!(reasons.contains(
+        &"\"skip\" missing-program: wringer-no-such-program (Debian package wringer-example-package)".to_string()
+    ), "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r
+                .starts_with("\"skip\" precheck: no verbs provider here (`sh -c exit 61` exited")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn a_placeholder_typo_is_a_located_error_with_exit_code_2() {
+    let out = Command::new(WRINGER)
+        .current_dir(common::repo())
+        .args(["validate", &fixture("typo.yaml")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("typo.yaml:6:"), "{err}");
+    assert!(err.contains("unknown placeholder `{prot:1}`"), "{err}");
+    assert!(Path::new(&common::repo().join(fixture("typo.yaml"))).exists());
+}
