@@ -171,6 +171,18 @@ fn known_failures_are_xfail_and_a_known_failure_that_passes_is_xpass() {
 }
 
 #[test]
+fn a_daemon_the_program_leaves_behind_is_ended_with_the_step() {
+    let (out, r) = run("daemon", &[&fixture("daemon.yaml")]);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert!(rank_log(&r, 0).contains("ended 1 processes the program left behind"));
+    assert!(
+        left_behind("daemon").is_empty(),
+        "{:?}",
+        left_behind("daemon")
+    );
+}
+
+#[test]
 fn a_missing_program_and_a_failing_precheck_are_typed_skips() {
     let (out, r) = run(
         "skips",

@@ -35,6 +35,50 @@ pub fn wait_until(cond: impl Fn() -> bool, limit: Duration) -> bool {
     false
 }
 
+/// `pid` and every process under it, parents first (from /proc's `children` lists).
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() && out.len() < 256 {
+        let p = out[i];
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
+            for t in tasks.flatten() {
+                let children =
+                    std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                out.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<u32>().ok()),
+                );
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Live (not zombie) processes in process group `pgid`, with their command lines.
+pub fn group_members(pgid: u32) -> Vec<(u32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid pgrp ...`; comm may hold spaces, so split after its `)`.
+            let rest: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+            let (state, pgrp) = (*rest.first()?, rest.get(2)?.parse::<u32>().ok()?);
+            if pgrp != pgid || state == "Z" || state == "X" {
+                return None;
+            }
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            Some((pid, cmd.trim().to_string()))
+        })
+        .collect()
+}
+
 /// Kernel and (when gdb is installed) user-space stacks of every thread of `pid`.
 pub fn capture_stacks(pid: u32, gdb_limit: Duration) -> String {
     let mut out = String::new();

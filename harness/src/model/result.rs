@@ -12,7 +12,7 @@ use super::metric::{Metric, SampleKey};
 /// before it (no `schema` field) by size alone, which still reads as the `latency` series.
 pub const SCHEMA: u32 = 2;
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     Pass,

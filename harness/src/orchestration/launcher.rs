@@ -234,10 +234,23 @@ impl RankGroup {
     pub fn stacks(&self, rank: u32) -> Option<(u32, String)> {
         let pid = self.pid(rank)?;
         match self.target(rank) {
-            None => Some((
-                pid,
-                crate::hosts::procfs::capture_stacks(pid, Duration::from_secs(20)),
-            )),
+            None => {
+                // The rank, then every program it started (an exec step's), so a hang inside
+                // an external program shows where.
+                let mut text = String::new();
+                for p in crate::hosts::procfs::process_tree(pid) {
+                    if p != pid {
+                        let comm =
+                            std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+                        text.push_str(&format!("=== child process {p} ({})\n", comm.trim()));
+                    }
+                    text.push_str(&crate::hosts::procfs::capture_stacks(
+                        p,
+                        Duration::from_secs(20),
+                    ));
+                }
+                Some((pid, text))
+            }
             Some(h) => {
                 let script = "for t in /proc/$1/task/*; do echo \"--- thread ${t##*/} ($(cat $t/comm)) wchan=$(cat $t/wchan) syscall=$(cut -d' ' -f1 $t/syscall)\"; cat $t/stack; done; \
                               command -v gdb >/dev/null && { echo '--- gdb: thread apply all bt'; timeout 20 gdb -batch -nx -p $1 -ex 'thread apply all bt' 2>/dev/null; }; true";
@@ -313,27 +326,36 @@ impl RankGroup {
         std::fs::read_to_string(&local).with_context(|| format!("reading {}", local.display()))
     }
 
-    /// Processes of this run still alive on any remote host (there must be none).
-    pub fn remote_leftovers(&self) -> Vec<String> {
+    /// Processes of this run still alive after `kill_all` (there must be none): ranks, and
+    /// anything in their process groups (the programs exec steps start). Locally the run's
+    /// group is read from /proc; on remote hosts from `ps`.
+    pub fn leftovers(&self) -> Vec<String> {
         let Placement::Remote { hosts, .. } = &self.placement else {
-            return vec![];
+            return self.local_leftovers();
         };
         let needle = format!("--rendezvous {}", self.rendezvous);
         let mut left = vec![];
-        for h in hosts {
-            match h
-                .target
-                .check(&["ps", "-eo", "pid,stat,args"], Duration::from_secs(60))
-            {
+        for (i, h) in hosts.iter().enumerate() {
+            let groups: Vec<String> = self
+                .procs
+                .iter()
+                .enumerate()
+                .filter(|(r, _)| self.placement.host_of(*r as u32) == i)
+                .filter_map(|(_, p)| p.remote_pid.map(|pid| pid.to_string()))
+                .collect();
+            match h.target.check(
+                &["ps", "-eo", "pid,pgid,stat,args"],
+                Duration::from_secs(60),
+            ) {
                 Ok(table) => left.extend(
                     table
                         .lines()
-                        .filter(|l| l.contains(&needle))
-                        // A zombie is already dead; its parent (sshd) reaps it.
                         .filter(|l| {
-                            l.split_whitespace()
-                                .nth(1)
-                                .is_some_and(|s| !s.starts_with('Z'))
+                            let f: Vec<&str> = l.split_whitespace().collect();
+                            // A zombie is already dead; its parent (sshd) reaps it.
+                            f.len() > 3
+                                && !f[2].starts_with('Z')
+                                && (l.contains(&needle) || groups.iter().any(|g| g == f[1]))
                         })
                         .map(|l| format!("{}: {}", h.target.name, l.trim())),
                 ),
@@ -344,6 +366,21 @@ impl RankGroup {
             }
         }
         left
+    }
+}
+
+impl RankGroup {
+    fn local_leftovers(&self) -> Vec<String> {
+        if self.pgid <= 0 {
+            return vec![];
+        }
+        let alive = || crate::hosts::procfs::group_members(self.pgid as u32);
+        // SIGKILL is delivered at once, but a process leaves the table only once it has exited.
+        crate::hosts::procfs::wait_until(|| alive().is_empty(), Duration::from_secs(2));
+        alive()
+            .into_iter()
+            .map(|(pid, cmd)| format!("pid {pid} in the run's process group: {cmd}"))
+            .collect()
     }
 }
 

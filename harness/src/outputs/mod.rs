@@ -2,6 +2,7 @@
 //! Markdown), the HTML site, and the bench.
 
 pub mod bench;
+pub mod matrix;
 pub mod progress;
 pub mod report;
 pub mod site;

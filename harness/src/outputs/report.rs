@@ -190,6 +190,11 @@ impl ReportWriter {
                 details.replace('|', "\\|").replace('\n', " ")
             ));
         }
+        let matrix = super::matrix::markdown(&self.results);
+        if !matrix.is_empty() {
+            s.push_str("\n### Implementation × scenario class\n\n");
+            s.push_str(&matrix);
+        }
         let c = |v| self.results.iter().filter(|r| r.verdict == v).count();
         s.push_str(&format!(
             "\n{} passed, {} failed, {} skipped.\n",

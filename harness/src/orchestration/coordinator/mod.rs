@@ -194,7 +194,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         }
     }
     group.kill_all();
-    outcome.leftovers.extend(group.remote_leftovers());
+    outcome.leftovers.extend(group.leftovers());
     if tracing.is_some() {
         attempt.audit = audit_traces(plan, &group, outcome.hang.is_some());
     }

@@ -75,6 +75,7 @@ pub fn render(
     }
     regressions_section(&mut h, regressions, threshold);
     matrix(&mut h, runs);
+    implementations(&mut h, runs);
     latency(&mut h, runs);
     bench(&mut h, runs);
     trends(&mut h, history);
@@ -141,6 +142,54 @@ fn matrix(h: &mut String, runs: &[Run]) {
         h.push_str("</tr>");
     }
     h.push_str("</table>");
+}
+
+/// Implementation × scenario class, per host profile (see `outputs::matrix`).
+fn implementations(h: &mut String, runs: &[Run]) {
+    use crate::outputs::matrix;
+    h.push_str("<h2>Implementation × scenario class</h2>");
+    for r in runs {
+        let cells = matrix::tally(&r.scenarios);
+        let (rows, cols) = matrix::axes(&cells);
+        let _ = write!(
+            h,
+            "<table class=\"implementations\" data-profile=\"{}\"><tr><th>{}</th>",
+            e(&r.host_profile),
+            e(&r.host_profile)
+        );
+        for c in &cols {
+            let _ = write!(h, "<th>{}</th>", e(c));
+        }
+        h.push_str("</tr>");
+        for row in rows {
+            let _ = write!(h, "<tr><th>{}</th>", e(row));
+            for c in &cols {
+                let counts = cells.get(&(row, *c));
+                // The cell takes the colour of its worst verdict.
+                let class = counts
+                    .and_then(|m| {
+                        [
+                            Verdict::Fail,
+                            Verdict::Xpass,
+                            Verdict::Xfail,
+                            Verdict::Pass,
+                            Verdict::Skip,
+                        ]
+                        .into_iter()
+                        .find(|v| m.contains_key(v))
+                    })
+                    .map(verdict_class)
+                    .unwrap_or("none");
+                let _ = write!(
+                    h,
+                    "<td class=\"{class}\">{}</td>",
+                    e(&matrix::label(counts))
+                );
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</table>");
+    }
 }
 
 fn latency(h: &mut String, runs: &[Run]) {

@@ -492,6 +492,10 @@ impl StepKind for Exec {
         for l in proc.finish(Duration::from_millis(200)) {
             watch.line(ctx, &l, started);
         }
+        let stray = external::end_descendants();
+        if stray > 0 {
+            log(ctx, name, started, &format!("ended {stray} processes the program left behind"));
+        }
         let _ = std::fs::remove_dir_all(&dir);
         done.context("waiting for the other ranks' programs to end")?;
         if watch.record.exit.is_none() && watch.exit.is_none() {
@@ -559,7 +563,7 @@ fn interface_of(ip: std::net::IpAddr) -> Option<String> {
 /// Stacks of the program and every process under it, into the rank log, before the harness
 /// ends it: a hang is evidence like any other.
 fn hang_evidence(ctx: &Ctx, role: &str, proc: &External) {
-    for pid in external::process_tree(proc.pid()) {
+    for pid in procfs::process_tree(proc.pid()) {
         let stacks = procfs::capture_stacks(pid, Duration::from_secs(10));
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         eprintln!(

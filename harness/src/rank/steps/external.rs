@@ -85,6 +85,10 @@ impl External {
         args: &[String],
         env: &[(String, String)],
     ) -> Result<External, SpawnError> {
+        // Descendants that leave their parent (a daemon that forks and calls setsid) are
+        // reparented to this rank rather than to init, so `end_descendants` still finds them.
+        // SAFETY: prctl with PR_SET_CHILD_SUBREAPER changes only this process's attribute.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
         let mut cmd = Command::new(program);
         cmd.args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -232,26 +236,27 @@ impl Drop for External {
     }
 }
 
-/// `pid` and every process under it, parents first (from /proc's `children` lists).
-pub fn process_tree(pid: u32) -> Vec<u32> {
-    let mut out = vec![pid];
-    let mut i = 0;
-    while i < out.len() && out.len() < 256 {
-        let p = out[i];
-        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) {
-            for t in tasks.flatten() {
-                let children =
-                    std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-                out.extend(
-                    children
-                        .split_whitespace()
-                        .filter_map(|c| c.parse::<u32>().ok()),
-                );
-            }
-        }
-        i += 1;
+/// SIGKILL every process under this one (programs a step started, daemons they left behind),
+/// and reap them. Returns how many there were.
+pub fn end_descendants() -> usize {
+    let me = std::process::id();
+    let others: Vec<u32> = crate::hosts::procfs::process_tree(me)
+        .into_iter()
+        .filter(|p| *p != me)
+        .collect();
+    for pid in &others {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
-    out
+    // Reap what is ours to reap (orphans adopted by this subreaper included), never blocking.
+    while let Ok(s) = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+        if s == nix::sys::wait::WaitStatus::StillAlive {
+            break;
+        }
+    }
+    others.len()
 }
 
 /// Microseconds since the Unix epoch: the clock ranks on one host (or hosts kept in step by
@@ -333,10 +338,10 @@ mod tests {
         let args = ["-c", "sleep 30 & sleep 30 & wait"].map(String::from);
         let mut p = External::spawn("sh", &args, &[]).unwrap();
         let ok = crate::hosts::procfs::wait_until(
-            || process_tree(p.pid()).len() == 3,
+            || crate::hosts::procfs::process_tree(p.pid()).len() == 3,
             Duration::from_secs(10),
         );
-        let tree = process_tree(p.pid());
+        let tree = crate::hosts::procfs::process_tree(p.pid());
         assert!(ok, "{tree:?}");
         assert_eq!(tree[0], p.pid());
         p.finish(Duration::ZERO);
