@@ -27,6 +27,10 @@ pub struct ListenerNeverAnswers {
     /// How many times each case is played.
     #[serde(default = "one")]
     pub rounds: u32,
+    /// Cross-host: after reading the hello, rank 0 reports the point `hello-read`, where a
+    /// scenario fault cuts its host's link (no FIN, no RST). Only the silent case is played.
+    #[serde(default)]
+    pub cut_link_after_hello: bool,
     pub deadline: Dur,
 }
 
@@ -81,6 +85,9 @@ impl StepSpec for ListenerNeverAnswers {
         if !(1..=MAX_ROUNDS).contains(&self.rounds) {
             return Err(format!("rounds must be 1..={MAX_ROUNDS}, got {}", self.rounds));
         }
+        if self.cut_link_after_hello && self.rounds != 1 {
+            return Err("with cut_link_after_hello there is one round (a cut link stays cut)".into());
+        }
         let needed = (self.connect_deadline.0 + SLACK) * 3 * self.rounds;
         if needed >= self.deadline.0 {
             return Err(format!(
@@ -101,12 +108,22 @@ impl StepKind for ListenerNeverAnswers {
         let limit = self.connect_deadline.0;
         let (mut wrong, mut late, mut slowest) = (0u32, 0u32, 0f64);
         let mut n = 0u32;
+        let cases: &[Case] = if self.cut_link_after_hello {
+            &[Case::Silent]
+        } else {
+            &CASES
+        };
         for round in 0..self.rounds {
-            for (i, case) in CASES.iter().enumerate() {
+            for (i, case) in cases.iter().enumerate() {
                 let name = format!("case-{round}-{i}");
                 if ctx.rank == 0 {
                     let mut s = accept_within(&ctx.raw, deadline)?;
                     read_hello(&mut s, limit + SLACK)?;
+                    if self.cut_link_after_hello {
+                        // The coordinator's line runs on the control network, which the cut
+                        // leaves alone: the release says the link is gone.
+                        ctx.control.point_and_wait(step, "hello-read", deadline)?;
+                    }
                     match case {
                         Case::Silent => {}
                         Case::HalfAnswer => {
@@ -201,9 +218,13 @@ mod tests {
         let step = |rounds, deadline| ListenerNeverAnswers {
             connect_deadline: Dur(Duration::from_secs(1)),
             rounds,
+            cut_link_after_hello: false,
             deadline: Dur(Duration::from_secs(deadline)),
         };
         assert!(step(1, 30).check(2).is_ok());
+        let mut cut = step(2, 30);
+        cut.cut_link_after_hello = true;
+        assert!(cut.check(2).unwrap_err().contains("one round"));
         assert!(step(0, 30).check(2).is_err());
         assert!(step(101, 9999).check(2).is_err());
         assert!(step(5, 10).check(2).unwrap_err().contains("need up to"));
