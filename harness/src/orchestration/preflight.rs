@@ -3,7 +3,6 @@
 //! (`missing-program: fi_pingpong (Debian package libfabric-bin)`, `precheck: ...`), decided
 //! by the policy like a missing RDMA device.
 
-use std::path::Path;
 use std::time::Duration;
 
 use crate::hosts::child;
@@ -45,7 +44,7 @@ fn missing(name: &str, package: &Option<String>) -> String {
 fn local(need: &Preflight) -> Result<(), String> {
     match need {
         Preflight::Program { name, package } => {
-            if in_path(name) {
+            if crate::hosts::probe::runnable(name) {
                 Ok(())
             } else {
                 Err(missing(name, package))
@@ -82,20 +81,6 @@ fn remote(need: &Preflight, target: &crate::hosts::ssh::SshTarget) -> Result<(),
         Ok(_) => Err(why),
         Err(e) => Err(format!("{why}: {e:#}")),
     }
-}
-
-/// Whether `name` is an executable here: a path, or found in PATH.
-fn in_path(name: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if name.contains('/') {
-        return executable(Path::new(name));
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| executable(&dir.join(name))))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::external::{self, wall_us, Exit, External, Line, Pipe, SpawnError};
 use super::template::{self, Values};
 use super::{Preflight, Reconciled, StepKind};
-use crate::hosts::procfs;
+use crate::hosts::{probe, procfs};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
@@ -67,6 +67,15 @@ pub struct Role {
     pub metrics: Vec<Extract>,
     #[serde(default)]
     pub expect: RoleExpect,
+    /// Run the program under `stdbuf -oL -eL` (when coreutils has it), so its lines arrive
+    /// as it prints them: a pipe makes C stdio buffer whole blocks, which would hide output
+    /// until exit and skew every timing taken from it.
+    #[serde(default = "yes")]
+    pub line_buffered: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -419,6 +428,13 @@ impl StepKind for Exec {
         let args = role.args.iter().map(fill).collect::<Result<Vec<_>>>()?;
         let env = template::fill_map(&role.env, &values).map_err(anyhow::Error::msg)?;
         log(ctx, name, started, &format!("starting: {program} {}", args.join(" ")));
+        let (program, args) = if role.line_buffered && probe::runnable("stdbuf") && probe::runnable(&program) {
+            let mut words = vec!["-oL".to_string(), "-eL".to_string(), program];
+            words.extend(args);
+            ("stdbuf".to_string(), words)
+        } else {
+            (program, args)
+        };
         let mut proc = External::spawn(&program, &args, &env).map_err(|e| match e {
             SpawnError::Missing(p) => anyhow::anyhow!(
                 "missing-program: {p}{}",
