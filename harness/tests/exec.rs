@@ -21,6 +21,19 @@ fn marker(tag: &str) -> String {
 
 /// Run `wringer run` on fixtures; returns the output and results.json.
 fn run(tag: &str, args: &[&str]) -> (Output, Value) {
+    run_with_path(tag, args, None)
+}
+
+/// The same, with `extra` in front of PATH (for programs a test built).
+fn run_with_path(tag: &str, args: &[&str], extra: Option<&Path>) -> (Output, Value) {
+    let path = match extra {
+        Some(dir) => format!(
+            "{}:{}",
+            dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+        None => std::env::var("PATH").unwrap_or_default(),
+    };
     let dir = std::env::temp_dir().join(format!("wringer-exec-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = Command::new(WRINGER)
@@ -31,6 +44,7 @@ fn run(tag: &str, args: &[&str]) -> (Output, Value) {
         .arg(&dir)
         .env("CI", "true")
         .env("WRINGER_TEST_MARKER", marker(tag))
+        .env("PATH", path)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -168,6 +182,26 @@ fn known_failures_are_xfail_and_a_known_failure_that_passes_is_xpass() {
         .as_str()
         .unwrap()
         .starts_with("xpass under --strict"));
+}
+
+#[test]
+fn the_audit_sees_what_a_broken_external_program_does_to_its_descriptors() {
+    let dir = std::env::temp_dir().join(format!("wringer-exec-cc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = common::repo().join("harness/tests/fixtures/broken/close_in_use.c");
+    let cc = Command::new("cc")
+        .args(["-O0", "-pthread", "-o"])
+        .arg(dir.join("close_in_use"))
+        .arg(&src)
+        .status()
+        .expect("a C compiler (Debian's gcc; `just external` installs g++)");
+    assert!(cc.success());
+    let (out, r) = run_with_path("broken", &[&fixture("broken-audited.yaml")], Some(&dir));
+    let failures = strings(&r["scenarios"][0]["evidence"]["failures"]).join("\n");
+    assert_eq!(out.status.code(), Some(1), "{r:#}");
+    assert!(failures.contains("close while in use"), "{failures}");
+    assert!(failures.contains("use after close"), "{failures}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -19,11 +19,57 @@ use std::path::Path;
 use crate::model::scenario::{AuditCheck, Perturb};
 
 /// The syscalls the audit needs to see (strace's `-e trace=`): sockets, threads and processes,
-/// and the calls that make, use or close descriptors. Not mmap, stat and the like, which a
-/// program's start-up makes by the thousand (under TCG each stop costs a millisecond).
+/// every call that makes a descriptor, and the calls that use or close one. Not mmap, stat and
+/// the like, which a program's start-up makes by the thousand (under TCG each stop costs a
+/// millisecond).
 const TRACED: &str = "%network,%process,read,readv,pread64,write,writev,pwrite64,close,\
-dup,dup2,dup3,fcntl,ioctl,open,openat,pipe,pipe2,eventfd2,epoll_create1,epoll_ctl,\
-epoll_wait,epoll_pwait,poll,ppoll,timerfd_create,signalfd4,memfd_create,sendfile,splice";
+fcntl,ioctl,epoll_ctl,epoll_wait,epoll_pwait,poll,ppoll,sendfile,splice";
+
+/// Every syscall whose result is one new descriptor. A creator the audit missed would make
+/// the next use of a reused number look like a use after close (Gloo's `epoll_create` did).
+const MAKES_ONE_FD: &[&str] = &[
+    "socket",
+    "accept",
+    "accept4",
+    "open",
+    "openat",
+    "openat2",
+    "creat",
+    "open_by_handle_at",
+    "dup",
+    "dup2",
+    "dup3",
+    "eventfd",
+    "eventfd2",
+    "epoll_create",
+    "epoll_create1",
+    "timerfd_create",
+    "signalfd",
+    "signalfd4",
+    "memfd_create",
+    "inotify_init",
+    "inotify_init1",
+    "fanotify_init",
+    "userfaultfd",
+    "pidfd_open",
+    "pidfd_getfd",
+    "perf_event_open",
+    "io_uring_setup",
+];
+
+/// Syscalls whose result is two new descriptors, written into their first argument.
+const MAKES_TWO_FDS: &[&str] = &["pipe", "pipe2", "socketpair"];
+
+/// strace's `-e trace=` list. A `?` before a name lets strace skip a syscall this
+/// architecture lacks (`open`, `pipe` and `epoll_create` are not on arm64).
+fn trace_filter() -> String {
+    let mut list = TRACED.to_string();
+    for name in MAKES_ONE_FD.iter().chain(MAKES_TWO_FDS) {
+        list.push_str(",?");
+        list.push_str(name);
+    }
+    list
+}
 
 /// The strace command line that runs a rank under the audit, writing its trace to `out`.
 /// Perturbations become `--inject` delays (their syscalls are traced too); a probability
@@ -47,7 +93,7 @@ pub fn strace_command(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut traced = TRACED.to_string();
+    let mut traced = trace_filter();
     if checks.contains(&AuditCheck::UnboundedWaits) {
         traced.push_str(",futex");
     }
@@ -254,13 +300,9 @@ fn creates_fds(name: &str, args: &str, ret: &str) -> Vec<i32> {
         .next()
         .and_then(|r| r.parse::<i32>().ok());
     match name {
-        "socket" | "accept" | "accept4" | "open" | "openat" | "dup" | "dup2" | "dup3"
-        | "eventfd" | "eventfd2" | "epoll_create" | "epoll_create1" | "timerfd_create"
-        | "signalfd" | "signalfd4" | "memfd_create" | "inotify_init1" | "pidfd_open" => {
-            ok.filter(|fd| *fd >= 0).into_iter().collect()
-        }
+        _ if MAKES_ONE_FD.contains(&name) => ok.filter(|fd| *fd >= 0).into_iter().collect(),
         "fcntl" if args.contains("F_DUPFD") => ok.filter(|fd| *fd >= 0).into_iter().collect(),
-        "pipe" | "pipe2" | "socketpair" if ok == Some(0) => {
+        _ if MAKES_TWO_FDS.contains(&name) && ok == Some(0) => {
             // pipe2([3, 4], O_CLOEXEC) = 0
             args.split('[')
                 .nth(1)
@@ -839,6 +881,42 @@ mod tests {
 100 1.005 close(3)                = 0
 ";
         assert!(analyse(t, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn a_number_reused_by_any_descriptor_maker_is_a_new_descriptor() {
+        // Gloo closes a probe socket, then epoll_create (not epoll_create1) reuses its number.
+        for maker in MAKES_ONE_FD {
+            let t = format!(
+                "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_TCP) = 3\n\
+                 100 1.000 bind(3, {{sa_family=AF_INET}}, 16) = 0\n\
+                 100 1.001 close(3)                = 0\n\
+                 100 1.002 {maker}(1)                = 3\n\
+                 100 1.003 epoll_ctl(3, EPOLL_CTL_ADD, 4, {{events=EPOLLIN}}) = 0\n"
+            );
+            assert!(
+                analyse(&t, LIFECYCLE).is_empty(),
+                "{maker}: {:?}",
+                checks_of(&t, LIFECYCLE)
+            );
+        }
+        // Without the maker, the same use is one after close.
+        let t = "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_TCP) = 3\n\
+                 100 1.000 bind(3, {sa_family=AF_INET}, 16) = 0\n\
+                 100 1.001 close(3)                = 0\n\
+                 100 1.003 epoll_ctl(3, EPOLL_CTL_ADD, 4, {events=EPOLLIN}) = 0\n";
+        assert_eq!(checks_of(t, LIFECYCLE), vec!["use after close"]);
+    }
+
+    #[test]
+    fn strace_traces_every_descriptor_maker_and_skips_those_an_architecture_lacks() {
+        let filter = trace_filter();
+        for maker in MAKES_ONE_FD.iter().chain(MAKES_TWO_FDS) {
+            assert!(
+                filter.contains(&format!(",?{maker}")),
+                "{maker} is not traced"
+            );
+        }
     }
 
     #[test]
