@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Build the container test-host image locally (no registry): a minimal Debian with sshd, tc, strace and
-# ps, imported into Docker as wringer-host:bookworm. Idempotent: does nothing when it exists.
+# Build the container test-host image locally (no registry): a minimal Debian with sshd, tc, strace,
+# ps and the runtime of the real Gloo (exec scenarios), imported into Docker as
+# wringer-host:bookworm. Idempotent: does nothing when an image of this recipe's version exists.
 set -euo pipefail
 image="${1:-wringer-host:bookworm}"
-if docker image inspect "$image" >/dev/null 2>&1; then
-    echo "$image already exists"
+# Raise when the image's contents change, so an older image is rebuilt.
+version=2
+have="$(docker image inspect -f '{{ index .Config.Labels "wringer.image" }}' "$image" 2>/dev/null || true)"
+if [ "$have" = "$version" ]; then
+    echo "$image (version $version) already exists"
     exit 0
 fi
 root="$(mktemp -d /tmp/wringer-rootfs.XXXXXX)"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=openssh-server,iproute2,procps,ca-certificates,strace \
+debootstrap --variant=minbase --include=openssh-server,iproute2,procps,ca-certificates,strace,libgloo0,coreutils \
     bookworm "$root" http://deb.debian.org/debian
 # sshd: keys only, root allowed (the container is a throwaway test host), no DNS lookups.
 mkdir -p "$root/run/sshd" "$root/root/.ssh"
@@ -34,5 +38,6 @@ exec /usr/sbin/sshd -D -e
 INIT
 chmod 755 "$root/usr/local/sbin/wringer-host"
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-tar -C "$root" -c . | docker import -c 'CMD ["/usr/local/sbin/wringer-host"]' -c 'EXPOSE 22' - "$image"
+tar -C "$root" -c . | docker import -c 'CMD ["/usr/local/sbin/wringer-host"]' -c 'EXPOSE 22' \
+    -c "LABEL wringer.image=$version" - "$image"
 echo "built $image"

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 
 use crate::hosts::containers::{self, ContainerHosts};
 use crate::hosts::profile::{HostProfile, ProfileKind};
-use crate::hosts::ssh::{deploy, SshTarget};
+use crate::hosts::ssh::{deploy, deploy_shipped, SshTarget};
 
 /// A host that ranks run on over SSH, with this build of wringer deployed.
 #[derive(Clone, Debug)]
@@ -80,6 +80,8 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
                 let target = c.target(i);
                 let exe = deploy(&target, REMOTE_DIR)
                     .with_context(|| format!("deploying wringer to {}", h.name))?;
+                deploy_shipped(&target, &exe)
+                    .with_context(|| format!("deploying exec programs to {}", h.name))?;
                 hosts.push(RemoteHost {
                     target,
                     exe,
@@ -127,6 +129,8 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
                     .unwrap_or(REMOTE_DIR);
                 let exe = deploy(&target, dir)
                     .with_context(|| format!("reaching {} over SSH", target.name))?;
+                deploy_shipped(&target, &exe)
+                    .with_context(|| format!("deploying exec programs to {}", target.name))?;
                 hosts.push(RemoteHost {
                     target,
                     exe,

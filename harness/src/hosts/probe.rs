@@ -242,20 +242,6 @@ fn gpus() -> (Vec<GpuFact>, Option<String>, Option<String>) {
     }
 }
 
-/// Whether `name` runs as a command here: a path to an executable, or found in PATH.
-pub fn runnable(name: &str) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &std::path::Path| {
-        p.metadata()
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if name.contains('/') {
-        return executable(std::path::Path::new(name));
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| executable(&dir.join(name))))
-}
-
 pub fn on_path(bin: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|d| d.join(bin).is_file()))

@@ -213,6 +213,46 @@ pub fn deploy(target: &SshTarget, remote_dir: &str) -> Result<String> {
     Ok(resolved)
 }
 
+/// Copy the programs shipped with this build (see `programs`) beside the deployed binary at
+/// `remote_exe`, so exec steps find them on the host. Returns how many were copied.
+pub fn deploy_shipped(target: &SshTarget, remote_exe: &str) -> Result<usize> {
+    let Some(local) = crate::hosts::programs::shipped_folders().into_iter().next() else {
+        return Ok(0);
+    };
+    let folder = crate::hosts::programs::remote_folder(remote_exe);
+    let mut copied = 0;
+    for entry in std::fs::read_dir(&local)?.flatten() {
+        let path = entry.path();
+        if !path.is_file() {
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let dest = format!("{folder}/{name}");
+        let copy = target.run(
+            &[
+                "sh",
+                "-c",
+                "mkdir -p \"$1\" && cat > \"$2.tmp\" && chmod 755 \"$2.tmp\" && mv \"$2.tmp\" \"$2\"",
+                "sh",
+                &folder,
+                &dest,
+            ],
+            Some(&path),
+            Duration::from_secs(120),
+        )?;
+        if !copy.status.success() {
+            bail!(
+                "{}: copying {} to {dest} failed: {}",
+                target.name,
+                path.display(),
+                String::from_utf8_lossy(&copy.stderr).trim()
+            );
+        }
+        copied += 1;
+    }
+    Ok(copied)
+}
+
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)

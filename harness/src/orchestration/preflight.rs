@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use crate::hosts::child;
-use crate::hosts::placement::Placement;
+use crate::hosts::placement::{Placement, RemoteHost};
+use crate::hosts::programs;
 use crate::model::requirement::SkipReason;
 use crate::rank::steps::Preflight;
 
@@ -18,7 +19,7 @@ pub fn unmet(needs: &[Preflight], placement: &Placement) -> Option<SkipReason> {
         let failed = match placement {
             Placement::Local => local(need).err(),
             Placement::Remote { hosts, .. } => hosts.iter().find_map(|h| {
-                remote(need, &h.target)
+                remote(need, h)
                     .err()
                     .map(|why| format!("on {}: {why}", h.target.name))
             }),
@@ -44,7 +45,7 @@ fn missing(name: &str, package: &Option<String>) -> String {
 fn local(need: &Preflight) -> Result<(), String> {
     match need {
         Preflight::Program { name, package } => {
-            if crate::hosts::probe::runnable(name) {
+            if crate::hosts::programs::runnable(name) {
                 Ok(())
             } else {
                 Err(missing(name, package))
@@ -65,10 +66,19 @@ fn local(need: &Preflight) -> Result<(), String> {
     }
 }
 
-fn remote(need: &Preflight, target: &crate::hosts::ssh::SshTarget) -> Result<(), String> {
+fn remote(need: &Preflight, host: &RemoteHost) -> Result<(), String> {
+    let target = &host.target;
+    let shipped = programs::remote_folder(&host.exe);
     let (words, why): (Vec<&str>, String) = match need {
         Preflight::Program { name, package } => (
-            vec!["sh", "-c", "command -v \"$1\" >/dev/null", "sh", name],
+            vec![
+                "sh",
+                "-c",
+                "PATH=\"$2:$PATH\" command -v \"$1\" >/dev/null",
+                "sh",
+                name,
+                &shipped,
+            ],
             missing(name, package),
         ),
         Preflight::Check { command, reason } => (

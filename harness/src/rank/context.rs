@@ -54,6 +54,18 @@ impl Control {
         self.send(&RankMsg::Barrier {
             name: name.into(),
             parties,
+            members: vec![],
+        })?;
+        self.wait_release(name, timeout)
+    }
+
+    /// Wait until every rank of `members` has reached the barrier `name`, or been stopped by a
+    /// fault (a survivor never waits for a rank the scenario killed).
+    pub fn barrier_among(&self, name: &str, members: &[u32], timeout: Duration) -> Result<()> {
+        self.send(&RankMsg::Barrier {
+            name: name.into(),
+            parties: members.len() as u32,
+            members: members.to_vec(),
         })?;
         self.wait_release(name, timeout)
     }

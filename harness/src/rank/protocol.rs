@@ -47,10 +47,13 @@ pub enum RankMsg {
         step: usize,
         name: String,
     },
-    /// Wait until `parties` ranks have reached `name`.
+    /// Wait until `parties` ranks have reached `name`. When `members` names them, a member a
+    /// fault stops (killed, frozen, its host gone) is no longer waited for.
     Barrier {
         name: String,
         parties: u32,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        members: Vec<u32>,
     },
     StepResult(StepReport),
     StepError {

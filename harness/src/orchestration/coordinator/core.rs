@@ -115,6 +115,8 @@ pub struct Core {
     ranks: Vec<Rank>,
     /// Barrier name -> (parties, ranks arrived).
     barriers: BTreeMap<String, (u32, BTreeSet<u32>)>,
+    /// Barrier name -> its members, for barriers that named them.
+    members: BTreeMap<String, BTreeSet<u32>>,
     struck: BTreeSet<usize>,
     /// Fault index -> (ranks hit, where it struck).
     pending: BTreeMap<usize, (Vec<u32>, String)>,
@@ -131,6 +133,7 @@ impl Core {
             started_at: now,
             ranks: (0..n).map(|_| Rank::default()).collect(),
             barriers: BTreeMap::new(),
+            members: BTreeMap::new(),
             struck: BTreeSet::new(),
             pending: BTreeMap::new(),
             started_steps: false,
@@ -173,7 +176,11 @@ impl Core {
                     }
                 }
             }
-            Input::FaultApplied { fault, result } => self.fault_applied(now, fault, result),
+            Input::FaultApplied { fault, result } => {
+                self.fault_applied(now, fault, result);
+                // Members it stopped are no longer waited for.
+                self.release_complete(&mut acts);
+            }
             Input::Interrupted => {
                 self.out.interrupted = true;
                 self.over = true;
@@ -236,22 +243,24 @@ impl Core {
             RankMsg::Ready { addrs } => r.addrs = Some(addrs),
             RankMsg::StepStart { step } => r.step = Some((step, now)),
             RankMsg::Point { step, name } => self.point(now, rank, step, &name, acts),
-            RankMsg::Barrier { name, parties } => {
+            RankMsg::Barrier {
+                name,
+                parties,
+                members,
+            } => {
                 let (want, arrived) = self
                     .barriers
                     .entry(name.clone())
                     .or_insert_with(|| (parties, BTreeSet::new()));
                 *want = (*want).max(parties);
                 arrived.insert(rank);
-                if arrived.len() >= *want as usize {
-                    for p in arrived.iter() {
-                        acts.push(Action::Release {
-                            rank: *p,
-                            name: name.clone(),
-                        });
-                    }
-                    self.barriers.remove(&name);
+                if !members.is_empty() {
+                    self.members
+                        .entry(name.clone())
+                        .or_default()
+                        .extend(members);
                 }
+                self.release_complete(acts);
             }
             RankMsg::StepResult(report) => {
                 r.step = None;
@@ -373,6 +382,38 @@ impl Core {
         }
     }
 
+    /// Release every barrier whose parties have all arrived; for a barrier that named its
+    /// members, a member a fault stopped counts as arrived.
+    fn release_complete(&mut self, acts: &mut Vec<Action>) {
+        let stopped: BTreeSet<u32> = (0..self.cfg.ranks)
+            .filter(|x| {
+                self.ranks[*x as usize]
+                    .faulted
+                    .is_some_and(|f| f.stops_the_rank())
+            })
+            .collect();
+        let done: Vec<String> = self
+            .barriers
+            .iter()
+            .filter(|(name, (want, arrived))| match self.members.get(*name) {
+                Some(m) => m.iter().all(|x| arrived.contains(x) || stopped.contains(x)),
+                None => arrived.len() >= *want as usize,
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in done {
+            if let Some((_, arrived)) = self.barriers.remove(&name) {
+                self.members.remove(&name);
+                for p in arrived {
+                    acts.push(Action::Release {
+                        rank: p,
+                        name: name.clone(),
+                    });
+                }
+            }
+        }
+    }
+
     /// A rank ended while others wait in a barrier it never reached: that barrier can never be
     /// released, so end now rather than at the deadline.
     fn orphaned_barriers(&mut self, dead: u32, acts: &mut Vec<Action>) {
@@ -380,6 +421,13 @@ impl Core {
         let stuck: Vec<String> = self
             .barriers
             .iter()
+            // A barrier that named its members is released without a member a fault stopped.
+            .filter(|(name, _)| {
+                !(self.members.contains_key(*name)
+                    && self.ranks[dead as usize]
+                        .faulted
+                        .is_some_and(|f| f.stops_the_rank()))
+            })
             .filter(|(_, (parties, arrived))| {
                 let could_come = (0..self.cfg.ranks)
                     .filter(|x| !arrived.contains(x) && alive(*x))

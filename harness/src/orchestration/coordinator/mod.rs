@@ -24,7 +24,7 @@ use crate::orchestration::audit;
 use crate::orchestration::launcher::RankGroup;
 use crate::orchestration::launcher::Tracing;
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
-use crate::rank::steps::Step;
+use crate::rank::steps::{Step, StruckFault};
 
 /// How long ranks get to start and join the rendezvous.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -57,6 +57,8 @@ pub struct Attempt {
     pub audit: Vec<String>,
     /// Expectations judged on every rank's evidence together (see `StepKind::reconcile`).
     pub reconciled_failures: Vec<String>,
+    /// The scenario's faults as they struck, on the wall clock, for `reconcile`.
+    pub struck: Vec<StruckFault>,
     /// Stacks captured when the watchdog fired, until the hang is recorded.
     stacks: Vec<(u32, u32, String)>,
 }
@@ -299,8 +301,18 @@ fn drive(
                         rank,
                         action,
                     } => {
+                        // The fault's time is when it starts: a host kill takes effect
+                        // while `docker kill` is still running.
+                        let at_us = crate::rank::steps::wall_now_us();
                         let result = apply_fault(action, rank, group, plan.placement)
                             .map_err(|e| format!("{e:#}"));
+                        if result.is_ok() {
+                            attempt.struck.push(StruckFault {
+                                rank,
+                                action,
+                                at_us,
+                            });
+                        }
                         let input = Input::FaultApplied { fault, result };
                         queue.extend(core.handle(Instant::now(), input));
                     }
@@ -377,7 +389,7 @@ fn reconcile(steps: &[Step], attempt: &mut Attempt) {
             .filter(|(_, r)| r.step == i)
             .map(|(rank, r)| (*rank, r))
             .collect();
-        let derived = step.kind().reconcile(&reports);
+        let derived = step.kind().reconcile(&reports, &attempt.struck);
         attempt.reconciled_failures.extend(
             derived
                 .failures

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use super::external::{self, wall_us, Exit, External, Line, Pipe, SpawnError};
 use super::template::{self, Values};
-use super::{Preflight, Reconciled, StepKind};
-use crate::hosts::{probe, procfs};
+use super::{Preflight, Reconciled, StepKind, StruckFault};
+use crate::hosts::{procfs, programs};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
@@ -308,10 +308,6 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
                 return Err(at("expect either `exit` or `signal`, not both".into()));
             }
         }
-        let timed = x.exit_within.is_some() || x.detect_within.is_some() || x.detect_not_before.is_some();
-        if timed && !e.faults.iter().any(|f| f.role != *name) {
-            return Err(at("expects timing after a fault, but no fault strikes another role".into()));
-        }
         if (x.detect_within.is_some() || x.detect_not_before.is_some()) && role.error.is_none() {
             return Err(at("detection is timed by the `error:` line; set `error:`".into()));
         }
@@ -381,23 +377,27 @@ impl Exec {
     }
 
     /// Ranks that meet at role `name`'s ready barrier: its own and those that come after it.
-    fn ready_parties(&self, name: &str) -> u32 {
-        let own = self.roles[name].ranks.len();
-        let waiting: usize = self
-            .roles
-            .values()
-            .filter(|r| r.after.iter().any(|d| d == name))
-            .map(|r| r.ranks.len())
-            .sum();
-        (own + waiting) as u32
+    fn ready_members(&self, name: &str) -> Vec<u32> {
+        let mut m: Vec<u32> = self.roles[name].ranks.clone();
+        for r in self.roles.values().filter(|r| r.after.iter().any(|d| d == name)) {
+            m.extend(&r.ranks);
+        }
+        m
     }
 
     fn has_dependents(&self, name: &str) -> bool {
         self.roles.values().any(|r| r.after.iter().any(|d| d == name))
     }
 
-    fn all_ranks(&self) -> u32 {
-        self.roles.values().map(|r| r.ranks.len() as u32).sum()
+    fn all_ranks(&self) -> Vec<u32> {
+        self.roles.values().flat_map(|r| r.ranks.iter().copied()).collect()
+    }
+
+    fn timed(&self) -> bool {
+        self.roles.values().any(|r| {
+            let x = &r.expect;
+            x.exit_within.is_some() || x.detect_within.is_some() || x.detect_not_before.is_some()
+        })
     }
 }
 
@@ -420,7 +420,7 @@ impl StepKind for Exec {
         let values = values(ctx, &dir);
         for dep in &role.after {
             ctx.control
-                .barrier(&ready_barrier(step, dep), self.ready_parties(dep), left())
+                .barrier_among(&ready_barrier(step, dep), &self.ready_members(dep), left())
                 .with_context(|| format!("role `{name}` waited for role `{dep}` to be ready"))?;
         }
         let fill = |t: &String| template::fill(t, &values).map_err(anyhow::Error::msg);
@@ -428,26 +428,29 @@ impl StepKind for Exec {
         let args = role.args.iter().map(fill).collect::<Result<Vec<_>>>()?;
         let env = template::fill_map(&role.env, &values).map_err(anyhow::Error::msg)?;
         log(ctx, name, started, &format!("starting: {program} {}", args.join(" ")));
-        let (program, args) = if role.line_buffered && probe::runnable("stdbuf") && probe::runnable(&program) {
-            let mut words = vec!["-oL".to_string(), "-eL".to_string(), program];
-            words.extend(args);
-            ("stdbuf".to_string(), words)
-        } else {
-            (program, args)
+        // Shipped programs (beside wringer) come first; a missing one stays a typed error.
+        let path = programs::search_path();
+        let resolved = programs::resolve(&program, &path)
+            .map(|p| p.display().to_string())
+            .ok_or_else(|| missing(&program, role))?;
+        let stdbuf = programs::resolve("stdbuf", &path).filter(|_| role.line_buffered);
+        let (program, args) = match stdbuf {
+            Some(stdbuf) => {
+                let mut words = vec!["-oL".to_string(), "-eL".to_string(), resolved];
+                words.extend(args);
+                (stdbuf.display().to_string(), words)
+            }
+            None => (resolved, args),
         };
         let mut proc = External::spawn(&program, &args, &env).map_err(|e| match e {
-            SpawnError::Missing(p) => anyhow::anyhow!(
-                "missing-program: {p}{}",
-                role.package
-                    .as_deref()
-                    .map(|pkg| format!(" (Debian package {pkg})"))
-                    .unwrap_or_default()
-            ),
+            SpawnError::Missing(p) => missing(&p, role),
             other => anyhow::anyhow!(other),
         })?;
         let mut watch = Watch::new(self, name, role, ctx.rank, values.ports[ctx.rank as usize])?;
         watch.record.started_us = wall_us(started);
         watch.trigger(&Trigger::Started, started);
+        // Where a scenario's own faults (a host kill, a link cut) can strike this role.
+        ctx.control.point(step, &format!("{name}:started"))?;
         let mut last_output = Instant::now();
         let mut next_port_check = Instant::now();
         loop {
@@ -502,9 +505,11 @@ impl StepKind for Exec {
         }
         // Every rank of the step meets here before any program is ended, so a frozen peer
         // stays frozen (and a dead one dead) until every survivor has had its say.
-        let done = ctx
-            .control
-            .barrier(&format!("step-{step}-exec-done"), self.all_ranks(), left() + margin / 2);
+        let done = ctx.control.barrier_among(
+            &format!("step-{step}-exec-done"),
+            &self.all_ranks(),
+            left() + margin / 2,
+        );
         for l in proc.finish(Duration::from_millis(200)) {
             watch.line(ctx, &l, started);
         }
@@ -527,8 +532,8 @@ impl StepKind for Exec {
         Ok(())
     }
 
-    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> Reconciled {
-        reconcile(self, reports)
+    fn reconcile(&self, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -> Reconciled {
+        reconcile(self, reports, faults)
     }
 
     fn preflight(&self) -> Vec<Preflight> {
@@ -549,6 +554,16 @@ impl StepKind for Exec {
         }
         needs
     }
+}
+
+fn missing(program: &str, role: &Role) -> anyhow::Error {
+    anyhow::anyhow!(
+        "missing-program: {program}{}",
+        role.package
+            .as_deref()
+            .map(|pkg| format!(" (Debian package {pkg})"))
+            .unwrap_or_default()
+    )
 }
 
 fn values(ctx: &Ctx, dir: &std::path::Path) -> Values {
@@ -697,11 +712,12 @@ impl<'a> Watch<'a> {
     fn on_ready(&mut self, ctx: &Ctx, step: usize, at: Instant) -> Result<()> {
         self.record.ready_us = Some(wall_us(at));
         eprintln!("[exec {} rank {}] ready", self.name, ctx.rank);
+        ctx.control.point(step, &format!("{}:ready", self.name))?;
         self.trigger(&Trigger::Ready, at);
         if self.exec.has_dependents(self.name) {
             let limit = self.role.ready.as_ref().map(|r| r.timeout.0).unwrap_or(Duration::from_secs(30));
             ctx.control
-                .barrier(&ready_barrier(step, self.name), self.exec.ready_parties(self.name), limit)
+                .barrier_among(&ready_barrier(step, self.name), &self.exec.ready_members(self.name), limit)
                 .context("waiting for the roles that come after this one to start")?;
         }
         Ok(())
@@ -797,7 +813,17 @@ fn json_number(line: &str, key: &str) -> Option<f64> {
     at.as_f64().or_else(|| at.as_str()?.trim().parse().ok())
 }
 
-fn reconcile(e: &Exec, reports: &[(u32, &StepReport)]) -> Reconciled {
+/// The first fault of the step: one a rank struck its own program with, or one of the
+/// scenario's (a host kill, say): (the rank it struck, what, when).
+fn first_fault(records: &[Record], faults: &[StruckFault]) -> Option<(u32, String, u64)> {
+    let own = records
+        .iter()
+        .filter_map(|r| r.fault.map(|(a, at)| (r.rank, format!("{a:?}"), at)));
+    let scenario = faults.iter().map(|f| (f.rank, format!("{:?}", f.action), f.at_us));
+    own.chain(scenario).min_by_key(|f| f.2)
+}
+
+fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -> Reconciled {
     let mut out = Reconciled::default();
     let records: Vec<Record> = reports
         .iter()
@@ -807,18 +833,29 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)]) -> Reconciled {
     if records.is_empty() {
         return out;
     }
-    let fault = records.iter().filter_map(|r| r.fault.map(|f| (r, f))).min_by_key(|(_, f)| f.1);
+    let fault = first_fault(&records, faults);
+    if fault.is_none() && e.timed() {
+        out.failures.push(
+            "a role's expectations are timed from a fault, but no fault struck (was its trigger never reached?)"
+                .into(),
+        );
+    }
+    let struck_by_scenario = |rank: u32| faults.iter().any(|f| f.rank == rank);
     let (mut worst_detect, mut worst_exit) = (None::<f64>, None::<f64>);
     for r in &records {
         let who = format!("rank {} ({})", r.rank, r.role);
         for v in &r.violations {
             out.failures.push(format!("{who}: {v}; its last lines: {}", tail(r)));
         }
-        let Some((victim, (action, fault_us))) = fault else {
+        let Some((victim, action, fault_us)) = fault.clone() else {
             continue;
         };
-        if r.fault.is_some() {
-            out.notes.push(format!("{who}: struck with {action:?}"));
+        if let Some((a, _)) = r.fault {
+            out.notes.push(format!("{who}: struck with {a:?}"));
+            continue;
+        }
+        if struck_by_scenario(r.rank) {
+            out.notes.push(format!("{who}: struck by the scenario's fault"));
             continue;
         }
         let since = |t: Option<u64>| t.map(|t| (t as f64 - fault_us as f64) / 1000.0);
@@ -835,8 +872,7 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)]) -> Reconciled {
         }
         let fmt = |v: Option<f64>| v.map(|v| format!("{v:.1} ms")).unwrap_or_else(|| "never".into());
         out.notes.push(format!(
-            "{who}: after the {action:?} of rank {}: detect_ms {}{}, exit_ms {} ({})",
-            victim.rank,
+            "{who}: after the {action} of rank {victim}: detect_ms {}{}, exit_ms {} ({})",
             fmt(detect),
             r.first_error.as_deref().map(|l| format!(" (`{l}`)")).unwrap_or_default(),
             fmt(exit),

@@ -11,7 +11,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use transport::Error;
 
-use super::{connect_within, seq, Reconciled, StepKind};
+use super::{connect_within, seq, Reconciled, StepKind, StruckFault};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
@@ -113,7 +113,7 @@ impl StepKind for LazyConnectDeadlineRace {
         Ok(())
     }
 
-    fn reconcile(&self, reports: &[(u32, &StepReport)]) -> Reconciled {
+    fn reconcile(&self, reports: &[(u32, &StepReport)], _: &[StruckFault]) -> Reconciled {
         let side = |rank: u32| reports.iter().find(|(r, _)| *r == rank).map(|(_, s)| &s.outcomes);
         let (Some(listener), Some(initiator)) = (side(0), side(1)) else {
             // A side without evidence is judged as missing evidence by the verdict.
@@ -195,7 +195,7 @@ mod tests {
         let listener = report(&[CONNECTED, TIMED_OUT, TIMED_OUT, TIMED_OUT]);
         let initiator = report(&[CONNECTED, REFUSED, CONNECTED, SILENT]);
         let Reconciled { metrics: m, notes, .. } =
-            step().reconcile(&[(0, &listener), (1, &initiator)]);
+            step().reconcile(&[(0, &listener), (1, &initiator)], &[]);
         assert_eq!(notes.len(), 2);
         assert!(notes[0].starts_with("attempt 2: the listener saw timed-out, the initiator connected"));
         assert_eq!(
@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn a_missing_side_yields_no_verdict_metrics() {
         let listener = report(&[CONNECTED]);
-        assert!(step().reconcile(&[(0, &listener)]).metrics.is_empty());
+        assert!(step().reconcile(&[(0, &listener)], &[]).metrics.is_empty());
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub trait StepKind: StepSpec {
     /// sides of each connection agreeing, say). The metrics must be among those declared;
     /// expectations judge them like any other.
     /// Notes explain what the metrics count (the attempts where the sides disagreed, say).
-    fn reconcile(&self, _reports: &[(u32, &StepReport)]) -> Reconciled {
+    /// `faults` are the scenario's faults that struck, with when (the coordinator's wall clock).
+    fn reconcile(&self, _reports: &[(u32, &StepReport)], _faults: &[StruckFault]) -> Reconciled {
         Reconciled::default()
     }
 
@@ -42,6 +43,23 @@ pub trait StepKind: StepSpec {
     fn preflight(&self) -> Vec<Preflight> {
         vec![]
     }
+}
+
+/// A scenario fault that struck a rank (or its host), and when, in µs since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StruckFault {
+    pub rank: u32,
+    pub action: crate::model::scenario::FaultAction,
+    pub at_us: u64,
+}
+
+/// Microseconds since the Unix epoch: the clock ranks on one host, and hosts kept in step by
+/// NTP, share, so one rank's fault can be related to another's detection.
+pub fn wall_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros() as u64
 }
 
 /// What the coordinator derived from every rank's report of one step.

@@ -215,6 +215,7 @@ fn a_barrier_releases_every_party_once_the_last_arrives() {
     let b = |parties| RankMsg::Barrier {
         name: "b".into(),
         parties,
+        members: vec![],
     };
     assert!(h.msg(2, b(3)).is_empty());
     assert!(h.msg(0, b(3)).is_empty());
@@ -236,6 +237,7 @@ fn a_barrier_can_be_used_again_after_it_released() {
     let b = || RankMsg::Barrier {
         name: "again".into(),
         parties: 2,
+        members: vec![],
     };
     h.msg(0, b());
     assert_eq!(h.msg(1, b()).len(), 2);
@@ -257,6 +259,7 @@ fn a_rank_that_dies_inside_a_barrier_ends_the_attempt_at_once() {
         RankMsg::Barrier {
             name: "step-0-listening".into(),
             parties: 2,
+            members: vec![],
         },
     );
     h.at(50).feed(Input::Exited {
@@ -286,6 +289,7 @@ fn a_rank_that_finishes_without_reaching_a_barrier_strands_its_peer_and_ends_the
         RankMsg::Barrier {
             name: "checked".into(),
             parties: 2,
+            members: vec![],
         },
     );
     h.msg(
@@ -310,6 +314,7 @@ fn a_barrier_a_living_rank_can_still_reach_is_not_orphaned() {
         RankMsg::Barrier {
             name: "two-of-three".into(),
             parties: 2,
+            members: vec![],
         },
     );
     h.feed(Input::Exited {
@@ -325,6 +330,7 @@ fn a_barrier_a_living_rank_can_still_reach_is_not_orphaned() {
             RankMsg::Barrier {
                 name: "two-of-three".into(),
                 parties: 2,
+                members: vec![],
             }
         )
         .len(),
@@ -368,6 +374,77 @@ fn a_fault_strikes_at_its_point_before_the_rank_is_released() {
     let o = h.outcome();
     assert_eq!(o.faulted_ranks, vec![1]);
     assert!(o.faults_struck[0].contains("Sigkill to rank 1 at `mid-stream` (step 0) 70 ms"));
+}
+
+fn released(acts: &[Action], barrier: &str) -> Vec<u32> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Release { rank, name } if name == barrier => Some(*rank),
+            _ => None,
+        })
+        .collect()
+}
+
+fn among(members: &[u32]) -> RankMsg {
+    RankMsg::Barrier {
+        name: "done".into(),
+        parties: members.len() as u32,
+        members: members.to_vec(),
+    }
+}
+
+#[test]
+fn a_barrier_among_named_members_does_not_wait_for_one_a_fault_stopped() {
+    let mut cfg = config(3);
+    cfg.faults = vec![fault(2, "ready", FaultAction::Sigkill)];
+    let mut h = Harness::new(cfg);
+    h.join_all(3);
+    h.msg(
+        2,
+        RankMsg::Point {
+            step: 0,
+            name: "ready".into(),
+        },
+    );
+    assert!(h.msg(0, among(&[0, 1, 2])).is_empty());
+    // Before the fault is applied, rank 2 is still awaited.
+    assert!(released(&h.msg(1, among(&[0, 1, 2])), "done").is_empty());
+    let acts = h.feed(Input::FaultApplied {
+        fault: 0,
+        result: Ok(()),
+    });
+    assert_eq!(released(&acts, "done"), vec![0, 1]);
+    // The killed rank's exit is planned: nothing is stranded, nothing unexpected.
+    h.feed(Input::Exited {
+        rank: 2,
+        status: "signal 9".into(),
+        clean: false,
+    });
+    h.feed(Input::LineClosed { rank: 2 });
+    let unexpected = h.outcome().unexpected;
+    assert!(unexpected.is_empty(), "{unexpected:?}");
+}
+
+#[test]
+fn a_member_that_dies_unplanned_still_strands_its_barrier() {
+    let mut h = Harness::new(config(3));
+    h.join_all(3);
+    h.msg(0, among(&[0, 1, 2]));
+    h.msg(1, among(&[0, 1, 2]));
+    h.feed(Input::Exited {
+        rank: 2,
+        status: "exit 3".into(),
+        clean: false,
+    });
+    h.feed(Input::LineClosed { rank: 2 });
+    let o = h.outcome();
+    assert!(
+        o.unexpected
+            .iter()
+            .any(|u| u.contains("barrier `done` can never be released")),
+        "{:?}",
+        o.unexpected
+    );
 }
 
 #[test]
@@ -726,7 +803,8 @@ fn after_the_end_nothing_more_happens() {
             0,
             RankMsg::Barrier {
                 name: "late".into(),
-                parties: 1
+                parties: 1,
+                members: vec![],
             }
         )
         .is_empty());

@@ -46,12 +46,7 @@ fn what_is_wrong_with_a_step_is_named() {
     assert!(refused(&unready, 2).contains("has no `ready:`"));
     let ghost = PAIR.replace("after: [server]", "after: [sever]");
     assert!(refused(&ghost, 2).contains("`sever`, which is not a role"));
-    // Timing after a fault without any fault, detection without an error line.
-    let no_fault = PAIR.replace(
-        "faults:\n  - { role: server, action: sigkill, at: ready, delay: 100ms }\n",
-        "",
-    );
-    assert!(refused(&no_fault, 2).contains("no fault strikes another role"));
+    // Detection without an error line.
     let no_error = PAIR.replace("    error: \"^error\"\n", "");
     assert!(refused(&no_error, 2).contains("set `error:`"));
     let bad_signal = PAIR.replace("SIGKILL", "SIGKIL");
@@ -114,7 +109,7 @@ fn reports(records: &[Record]) -> Vec<StepReport> {
 fn judge(records: &[Record]) -> Reconciled {
     let reps = reports(records);
     let pairs: Vec<(u32, &StepReport)> = records.iter().map(|r| r.rank).zip(reps.iter()).collect();
-    reconcile(&parse(PAIR), &pairs)
+    reconcile(&parse(PAIR), &pairs, &[])
 }
 
 #[test]
@@ -162,10 +157,32 @@ fn late_detection_and_rank_local_violations_fail() {
 }
 
 #[test]
-fn without_a_fault_only_local_violations_count() {
+fn timed_expectations_without_any_fault_fail_rather_than_pass_unchecked() {
     let mut client = record(1, "client");
     client.violations = vec!["ended with exit 2, expected exit 1".into()];
     let r = judge(&[record(0, "server"), client]);
-    assert_eq!(r.failures.len(), 1);
+    assert_eq!(r.failures.len(), 2, "{:?}", r.failures);
+    assert!(r.failures[0].contains("no fault struck"));
+    assert!(r.failures[1].contains("ended with exit 2"));
     assert!(r.metrics.is_empty());
+}
+
+#[test]
+fn a_scenario_fault_on_another_host_times_the_survivors_too() {
+    // The victim's host was killed: it sent no record; the coordinator's strike time counts.
+    let mut client = record(1, "client");
+    client.first_error_us = Some(5_040_000);
+    client.exit_us = Some(5_050_000);
+    client.exit = Some("exit 1".into());
+    let reps = reports(std::slice::from_ref(&client));
+    let pairs = [(1, &reps[0])];
+    let struck = [StruckFault {
+        rank: 0,
+        action: crate::model::scenario::FaultAction::HostKill,
+        at_us: 5_000_000,
+    }];
+    let r = reconcile(&parse(PAIR), &pairs, &struck);
+    assert_eq!(r.failures, Vec::<String>::new());
+    assert_eq!(r.metrics, vec![(Metric::DetectMs, 40.0), (Metric::ExitMs, 50.0)]);
+    assert!(r.notes[0].contains("after the HostKill of rank 0"), "{:?}", r.notes);
 }
