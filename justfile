@@ -61,7 +61,7 @@ test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter rdma {{args}}
 
 # The cross-host scenarios against an inventory over SSH (default: three local container hosts).
-test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client")
+test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client") external
     if grep -q '^kind: containers' {{hosts}}; then just setup-containers; fi
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter xhost {{args}}
 
