@@ -38,6 +38,11 @@ pub trait StepSpec {
     fn check(&self, _ranks: u32) -> Result<(), String> {
         Ok(())
     }
+    /// Faults the step asks the coordinator to strike (at points its ranks report), on top of
+    /// the scenario's own; `step` is the step's place in the scenario.
+    fn faults(&self, _step: usize) -> Vec<Fault> {
+        vec![]
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -67,6 +72,19 @@ pub struct Scenario<S> {
 
 fn one() -> u32 {
     1
+}
+
+impl<S: StepSpec> Scenario<S> {
+    /// The scenario's faults and those its steps ask for.
+    pub fn all_faults(&self) -> Vec<Fault> {
+        let own = self.faults.iter().map(|f| f.value.clone());
+        let steps = self
+            .steps
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| s.value.faults(i));
+        own.chain(steps).collect()
+    }
 }
 
 /// A lifecycle check the audit can run on a rank's syscall trace.
@@ -199,12 +217,11 @@ impl<S: Clone> Loaded<S> {
             .collect()
     }
 
-    pub fn faults(&self) -> Vec<Fault> {
-        self.scenario
-            .faults
-            .iter()
-            .map(|f| f.value.clone())
-            .collect()
+    pub fn faults(&self) -> Vec<Fault>
+    where
+        S: StepSpec,
+    {
+        self.scenario.all_faults()
     }
 
     pub fn ranks(&self) -> u32 {

@@ -50,7 +50,7 @@ pub struct Policy<'a> {
 impl Policy<'_> {
     /// Decide one scenario: every host must meet every requirement; host-level faults need
     /// hosts the harness controls.
-    pub fn decide<S>(&self, s: &Scenario<S>) -> Decision {
+    pub fn decide<S: crate::model::scenario::StepSpec>(&self, s: &Scenario<S>) -> Decision {
         for req in &s.requires {
             let unmet = self.facts.iter().find_map(|f| {
                 f.check(*req, self.profile)
@@ -78,12 +78,11 @@ impl Policy<'_> {
         }
         if !self.host_control {
             if let Some(f) = s
-                .faults
-                .iter()
-                .map(|f| &f.value)
+                .all_faults()
+                .into_iter()
                 .find(|f| f.action.is_host_level())
             {
-                return self.unmet(no_host_control(f, self.profile), &[]);
+                return self.unmet(no_host_control(&f, self.profile), &[]);
             }
         }
         Decision::Run

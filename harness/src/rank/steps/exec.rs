@@ -23,7 +23,7 @@ use super::{Preflight, Reconciled, StepKind, StruckFault};
 use crate::hosts::{procfs, programs};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
-use crate::model::scenario::StepSpec;
+use crate::model::scenario::{Fault, FaultAction, StepSpec};
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
 
@@ -138,17 +138,12 @@ pub struct RoleFault {
     /// One rank of the role; all of them when absent.
     #[serde(default)]
     pub rank: Option<u32>,
-    pub action: ProcessFault,
+    /// `sigkill` and `sigstop` strike the program; the host-level ones (`host-kill`,
+    /// `host-freeze`, `link-cut`, `rate-limit`, container hosts only) its rank's host.
+    pub action: FaultAction,
     pub at: Trigger,
     #[serde(default)]
     pub delay: Option<Dur>,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProcessFault {
-    Sigkill,
-    Sigstop,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -178,7 +173,7 @@ pub struct Record {
     pub started_us: u64,
     pub ready_us: Option<u64>,
     /// The fault this rank struck its program with, and when.
-    pub fault: Option<(ProcessFault, u64)>,
+    pub fault: Option<(FaultAction, u64)>,
     pub first_error_us: Option<u64>,
     pub first_error: Option<String>,
     /// How it ended by itself; `None` when it was still running (or frozen) at the end.
@@ -219,6 +214,27 @@ impl StepSpec for Exec {
 
     fn check(&self, ranks: u32) -> Result<(), String> {
         check(self, ranks)
+    }
+
+    /// Host-level role faults become scenario faults at the points the role's ranks report.
+    fn faults(&self, step: usize) -> Vec<Fault> {
+        let mut out = vec![];
+        for (i, f) in self.faults.iter().enumerate() {
+            if !f.action.is_host_level() {
+                continue;
+            }
+            let ranks = match (f.rank, self.roles.get(&f.role)) {
+                (Some(r), _) => vec![r],
+                (None, Some(role)) => role.ranks.clone(),
+                (None, None) => vec![],
+            };
+            out.extend(ranks.into_iter().map(|rank| Fault {
+                rank,
+                at: fault_point(step, i),
+                action: f.action,
+            }));
+        }
+        out
     }
 }
 
@@ -401,6 +417,21 @@ impl Exec {
     }
 }
 
+/// A role's fault that is still to strike.
+struct Pending<'a> {
+    /// Its place in the step's `faults`, which names its point.
+    index: usize,
+    fault: &'a RoleFault,
+    line: Option<Regex>,
+    due: Option<Instant>,
+    struck: bool,
+}
+
+/// The point where the coordinator strikes a role's host-level fault.
+fn fault_point(step: usize, index: usize) -> String {
+    format!("exec-{step}-fault-{index}")
+}
+
 fn ready_barrier(step: usize, role: &str) -> String {
     format!("step-{step}-exec-ready-{role}")
 }
@@ -501,7 +532,7 @@ impl StepKind for Exec {
                     break;
                 }
             }
-            watch.strike_due(&proc);
+            watch.strike_due(ctx, step, &proc);
         }
         // Every rank of the step meets here before any program is ended, so a frozen peer
         // stays frozen (and a dead one dead) until every survivor has had its say.
@@ -620,7 +651,7 @@ struct Watch<'a> {
     ready_line: Option<Regex>,
     extracts: Vec<(Metric, Option<Regex>, Option<String>)>,
     /// This rank's faults, each with when it becomes due (once triggered) and whether it struck.
-    faults: Vec<(&'a RoleFault, Option<Regex>, Option<Instant>, bool)>,
+    faults: Vec<Pending<'a>>,
     metrics: BTreeMap<Metric, f64>,
     record: Record,
     exit: Option<Exit>,
@@ -632,13 +663,20 @@ impl<'a> Watch<'a> {
         let faults = exec
             .faults
             .iter()
-            .filter(|f| f.role == name && f.rank.is_none_or(|r| r == rank))
-            .map(|f| {
-                let line = match &f.at {
+            .enumerate()
+            .filter(|(_, f)| f.role == name && f.rank.is_none_or(|r| r == rank))
+            .map(|(index, fault)| {
+                let line = match &fault.at {
                     Trigger::Line(l) => Some(Regex::new(l)?),
                     _ => None,
                 };
-                Ok((f, line, None, false))
+                Ok(Pending {
+                    index,
+                    fault,
+                    line,
+                    due: None,
+                    struck: false,
+                })
             })
             .collect::<Result<Vec<_>, regex::Error>>()?;
         Ok(Watch {
@@ -694,8 +732,8 @@ impl<'a> Watch<'a> {
             }
         }
         for f in &mut self.faults {
-            if f.2.is_none() && f.1.as_ref().is_some_and(|r| r.is_match(&l.text)) {
-                f.2 = Some(l.at + f.0.delay.map(|d| d.0).unwrap_or_default());
+            if f.due.is_none() && f.line.as_ref().is_some_and(|r| r.is_match(&l.text)) {
+                f.due = Some(l.at + f.fault.delay.map(|d| d.0).unwrap_or_default());
             }
         }
         self.record.ready_us.is_none() && self.ready_line.as_ref().is_some_and(|r| r.is_match(&l.text))
@@ -703,8 +741,8 @@ impl<'a> Watch<'a> {
 
     fn trigger(&mut self, t: &Trigger, at: Instant) {
         for f in &mut self.faults {
-            if f.2.is_none() && f.0.at == *t {
-                f.2 = Some(at + f.0.delay.map(|d| d.0).unwrap_or_default());
+            if f.due.is_none() && f.fault.at == *t {
+                f.due = Some(at + f.fault.delay.map(|d| d.0).unwrap_or_default());
             }
         }
     }
@@ -723,32 +761,44 @@ impl<'a> Watch<'a> {
         Ok(())
     }
 
-    fn strike_due(&mut self, proc: &External) {
+    /// Strike every fault whose time has come: a signal to the program, or, for a fault on its
+    /// host, the point where the coordinator strikes it (see `faults`).
+    fn strike_due(&mut self, ctx: &Ctx, step: usize, proc: &External) {
         let now = Instant::now();
         for f in &mut self.faults {
-            if f.3 || f.2.is_none_or(|due| now < due) {
+            if f.struck || f.due.is_none_or(|due| now < due) {
                 continue;
             }
-            f.3 = true;
-            let sig = match f.0.action {
-                ProcessFault::Sigkill => Signal::SIGKILL,
-                ProcessFault::Sigstop => Signal::SIGSTOP,
+            f.struck = true;
+            let action = f.fault.action;
+            let outcome = match action {
+                FaultAction::Sigkill => proc.signal(Signal::SIGKILL).map_err(|e| e.to_string()),
+                FaultAction::Sigstop => proc.signal(Signal::SIGSTOP).map_err(|e| e.to_string()),
+                _ => ctx
+                    .control
+                    .point(step, &fault_point(step, f.index))
+                    .map_err(|e| format!("{e:#}")),
             };
-            match proc.signal(sig) {
+            match outcome {
                 Ok(()) => {
-                    eprintln!("[exec {} rank {}] fault: {sig} to pid {}", self.name, self.record.rank, proc.pid());
-                    self.record.fault.get_or_insert((f.0.action, wall_us(now)));
+                    eprintln!(
+                        "[exec {} rank {}] fault: {action:?} (program pid {})",
+                        self.name,
+                        self.record.rank,
+                        proc.pid()
+                    );
+                    self.record.fault.get_or_insert((action, wall_us(now)));
                 }
                 Err(e) => self
                     .record
                     .violations
-                    .push(format!("the {:?} fault could not strike: {e}", f.0.action)),
+                    .push(format!("the {action:?} fault could not strike: {e}")),
             }
         }
     }
 
     fn frozen(&self) -> bool {
-        matches!(self.record.fault, Some((ProcessFault::Sigstop, _)))
+        matches!(self.record.fault, Some((FaultAction::Sigstop, _)))
     }
 
     fn ended(&mut self, why: &str) {
@@ -760,8 +810,11 @@ impl<'a> Watch<'a> {
         let x = &self.role.expect;
         let v = &mut self.record.violations;
         for f in &self.faults {
-            if !f.3 {
-                v.push(format!("the {:?} fault at {:?} never struck (its trigger never came)", f.0.action, f.0.at));
+            if !f.struck {
+                v.push(format!(
+                    "the {:?} fault at {:?} never struck (its trigger never came)",
+                    f.fault.action, f.fault.at
+                ));
             }
         }
         let struck = self.record.fault.is_some();

@@ -160,6 +160,9 @@ impl StepSpec for Step {
     fn check(&self, ranks: u32) -> Result<(), String> {
         self.kind().check(ranks)
     }
+    fn faults(&self, step: usize) -> Vec<scenario::Fault> {
+        self.kind().faults(step)
+    }
 }
 
 /// Everything the scenario's steps need of a host before it runs.

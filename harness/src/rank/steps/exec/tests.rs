@@ -115,7 +115,7 @@ fn judge(records: &[Record]) -> Reconciled {
 #[test]
 fn detection_and_exit_are_timed_from_the_victims_fault_per_survivor() {
     let mut server = record(0, "server");
-    server.fault = Some((ProcessFault::Sigkill, 2_000_000));
+    server.fault = Some((FaultAction::Sigkill, 2_000_000));
     let mut client = record(1, "client");
     client.first_error_us = Some(2_006_000);
     client.first_error = Some("error: reset".into());
@@ -130,7 +130,7 @@ fn detection_and_exit_are_timed_from_the_victims_fault_per_survivor() {
 #[test]
 fn a_survivor_that_logs_the_error_and_never_exits_fails_with_its_last_lines() {
     let mut server = record(0, "server");
-    server.fault = Some((ProcessFault::Sigkill, 2_000_000));
+    server.fault = Some((FaultAction::Sigkill, 2_000_000));
     let mut client = record(1, "client");
     client.first_error_us = Some(2_010_000);
     client.ended_by_harness = Some("still running at the step's deadline".into());
@@ -144,7 +144,7 @@ fn a_survivor_that_logs_the_error_and_never_exits_fails_with_its_last_lines() {
 #[test]
 fn late_detection_and_rank_local_violations_fail() {
     let mut server = record(0, "server");
-    server.fault = Some((ProcessFault::Sigkill, 2_000_000));
+    server.fault = Some((FaultAction::Sigkill, 2_000_000));
     server.violations = vec!["ended with exit 0, expected killed by SIGKILL".into()];
     let mut client = record(1, "client");
     client.first_error_us = Some(4_500_000);
@@ -185,4 +185,25 @@ fn a_scenario_fault_on_another_host_times_the_survivors_too() {
     assert_eq!(r.failures, Vec::<String>::new());
     assert_eq!(r.metrics, vec![(Metric::DetectMs, 40.0), (Metric::ExitMs, 50.0)]);
     assert!(r.notes[0].contains("after the HostKill of rank 0"), "{:?}", r.notes);
+}
+
+#[test]
+fn a_host_level_role_fault_becomes_a_scenario_fault_at_each_rank_point() {
+    let y = PAIR
+        .replace("action: sigkill, at: ready", "action: host-kill, at: { line: up }")
+        .replace("ranks: [0]", "ranks: [0, 2]");
+    let e = parse(&y);
+    assert_eq!(e.check(3), Ok(()));
+    let faults = e.faults(4);
+    let got: Vec<(u32, String, FaultAction)> =
+        faults.iter().map(|f| (f.rank, f.at.clone(), f.action)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, "exec-4-fault-0".to_string(), FaultAction::HostKill),
+            (2, "exec-4-fault-0".to_string(), FaultAction::HostKill),
+        ]
+    );
+    // Signals stay with the rank that runs the program.
+    assert!(parse(PAIR).faults(0).is_empty());
 }
