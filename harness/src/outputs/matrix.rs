@@ -16,6 +16,7 @@ pub const IMPLEMENTATIONS: &[(&str, &str)] = &[
     ("libfabric-", "libfabric"),
     ("ucx-", "ucx"),
     ("perftest-", "perftest"),
+    ("rdmacm-", "rdmacm (rping)"),
 ];
 
 /// Classes in column order: (words in the name, column label). The first class whose word

@@ -95,6 +95,10 @@ pub struct Ready {
     /// Ready at the first output line matching this regex.
     #[serde(default)]
     pub line: Option<String>,
+    /// Ready once this command (placeholders filled) exits 0, tried every 100 ms: for a
+    /// listener /proc/net/tcp cannot show, such as an RDMA CM one (`rdma res show cm_id`).
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
     #[serde(default = "ready_timeout")]
     pub timeout: Dur,
 }
@@ -284,12 +288,21 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
             }
         }
         if let Some(r) = &role.ready {
-            match (&r.line, r.listening) {
-                (Some(l), false) => {
+            match (&r.line, r.listening, &r.command) {
+                (Some(l), false, None) => {
                     compile(l).map_err(at)?;
                 }
-                (None, true) => {}
-                _ => return Err(at("ready needs exactly one of `listening: true` or `line:`".into())),
+                (None, true, None) => {}
+                (None, false, Some(c)) if !c.is_empty() => {
+                    for t in c {
+                        template::check(t, ranks).map_err(at)?;
+                    }
+                }
+                _ => {
+                    return Err(at(
+                        "ready needs exactly one of `listening: true`, `line:` or `command:`".into(),
+                    ))
+                }
             };
         }
         if let Some(l) = &role.error {
@@ -517,13 +530,20 @@ impl StepKind for Exec {
                     watch.on_ready(ctx, step, l.at)?;
                 }
             }
-            if watch.record.ready_us.is_none()
-                && role.ready.as_ref().is_some_and(|r| r.listening)
-                && Instant::now() >= next_port_check
-            {
-                next_port_check = Instant::now() + Duration::from_millis(20);
-                if external::listening_on(watch.port) {
-                    watch.on_ready(ctx, step, Instant::now())?;
+            if let Some(r) = role.ready.as_ref().filter(|_| watch.record.ready_us.is_none()) {
+                if Instant::now() >= next_port_check {
+                    let ready = if r.listening {
+                        next_port_check = Instant::now() + Duration::from_millis(20);
+                        external::listening_on(watch.port)
+                    } else if let Some(c) = &r.command {
+                        next_port_check = Instant::now() + Duration::from_millis(100);
+                        ready_command(c, &values)?
+                    } else {
+                        false
+                    };
+                    if ready {
+                        watch.on_ready(ctx, step, Instant::now())?;
+                    }
                 }
             }
             if let Some(r) = &role.ready {
@@ -587,6 +607,20 @@ impl StepKind for Exec {
     }
 }
 
+/// Whether a readiness command exits 0 now (bounded: a check that hangs counts as not yet).
+fn ready_command(words: &[String], values: &Values) -> Result<bool> {
+    let filled = words
+        .iter()
+        .map(|w| template::fill(w, values))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let refs: Vec<&str> = filled.iter().map(String::as_str).collect();
+    Ok(matches!(
+        crate::hosts::child::run_bounded(&refs, Duration::from_secs(5)),
+        Ok((Some(s), _)) if s.success()
+    ))
+}
+
 fn missing(program: &str, role: &Role) -> anyhow::Error {
     anyhow::anyhow!(
         "missing-program: {program}{}",
@@ -607,6 +641,7 @@ fn values(ctx: &Ctx, dir: &std::path::Path) -> Values {
         seed: ctx.seed,
         hosts: ctx.peers.iter().map(|p| p.transport.ip().to_string()).collect(),
         ports: ctx.peers.iter().map(|p| p.exec_port).collect(),
+        rdma: ctx.peers.iter().map(|p| p.rdma.map(|a| a.to_string())).collect(),
     }
 }
 

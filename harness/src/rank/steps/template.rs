@@ -1,6 +1,6 @@
 //! Placeholders in an exec role's program, arguments and environment: `{rank}`, `{ranks}`,
-//! `{host}`, `{port}`, `{iface}`, `{dir}`, `{seed}`, and `{host:N}`, `{port:N}`, `{addr:N}` for
-//! rank N. `{{` and `}}` are literal braces. Templates are checked when the scenario loads, so a
+//! `{host}`, `{port}`, `{rdma}`, `{iface}`, `{dir}`, `{seed}`, and `{host:N}`, `{port:N}`,
+//! `{addr:N}`, `{rdma:N}` for rank N. `{{` and `}}` are literal braces. Templates are checked when the scenario loads, so a
 //! typo is a located error, never a program started with a literal `{prot}`.
 
 use std::collections::BTreeMap;
@@ -16,6 +16,8 @@ pub struct Values {
     /// Every rank's host address and exec port.
     pub hosts: Vec<String>,
     pub ports: Vec<u16>,
+    /// Every rank's RoCE interface address, where it has one.
+    pub rdma: Vec<Option<String>>,
 }
 
 pub const PLACEHOLDERS: &[(&str, &str)] = &[
@@ -38,6 +40,11 @@ pub const PLACEHOLDERS: &[(&str, &str)] = &[
     ("{host:N}", "rank N's host address"),
     ("{port:N}", "rank N's reserved port"),
     ("{addr:N}", "rank N's host:port"),
+    (
+        "{rdma}",
+        "this rank's RoCE interface address (RDMA CM tools bind to it)",
+    ),
+    ("{rdma:N}", "rank N's RoCE interface address"),
 ];
 
 #[derive(Debug, PartialEq)]
@@ -72,8 +79,11 @@ fn pieces(t: &str) -> Result<Vec<Piece<'_>>, String> {
                 None => (inner, None),
             };
             let known = match index {
-                None => ["rank", "ranks", "host", "port", "iface", "dir", "seed"].contains(&name),
-                Some(_) => ["host", "port", "addr"].contains(&name),
+                None => [
+                    "rank", "ranks", "host", "port", "rdma", "iface", "dir", "seed",
+                ]
+                .contains(&name),
+                Some(_) => ["host", "port", "addr", "rdma"].contains(&name),
             };
             if !known {
                 let names: Vec<&str> = PLACEHOLDERS.iter().map(|(p, _)| *p).collect();
@@ -126,6 +136,13 @@ pub fn fill(t: &str, v: &Values) -> Result<String, String> {
                 .ports
                 .get(i.unwrap_or(v.rank) as usize)
                 .map(|p| p.to_string()),
+            Piece::Field("rdma", i) => {
+                let n = i.unwrap_or(v.rank);
+                match v.rdma.get(n as usize) {
+                    Some(Some(a)) => Some(a.clone()),
+                    _ => return Err(format!("`{t}`: rank {n} has no RoCE interface")),
+                }
+            }
             Piece::Field("addr", Some(n)) => match (at(&v.hosts, n), v.ports.get(n as usize)) {
                 (Some(h), Some(p)) if h.contains(':') => Some(format!("[{h}]:{p}")),
                 (Some(h), Some(p)) => Some(format!("{h}:{p}")),
@@ -158,6 +175,7 @@ mod tests {
             seed: 7,
             hosts: vec!["127.0.0.1".into(), "10.0.0.2".into()],
             ports: vec![4000, 4001],
+            rdma: vec![Some("10.213.0.1".into()), None],
         }
     }
 
@@ -171,6 +189,10 @@ mod tests {
             "1/2 10.0.0.2 4001 lo /tmp/run 7 127.0.0.1 4000 127.0.0.1:4000 {x}"
         );
         assert_eq!(fill("plain", &v).unwrap(), "plain");
+        assert_eq!(fill("{rdma:0}", &v).unwrap(), "10.213.0.1");
+        assert!(fill("{rdma}", &v)
+            .unwrap_err()
+            .contains("rank 1 has no RoCE interface"));
     }
 
     #[test]

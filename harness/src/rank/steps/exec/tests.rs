@@ -207,3 +207,12 @@ fn a_host_level_role_fault_becomes_a_scenario_fault_at_each_rank_point() {
     // Signals stay with the rank that runs the program.
     assert!(parse(PAIR).faults(0).is_empty());
 }
+
+#[test]
+fn readiness_is_exactly_one_of_a_port_a_line_or_a_command() {
+    let with = |ready: &str| PAIR.replace("ready: { listening: true }", ready);
+    assert_eq!(parse(&with("ready: { command: [sh, -c, \"true\", \"{port}\"] }")).check(2), Ok(()));
+    assert!(refused(&with("ready: { command: [sh, \"{prot}\"] }"), 2).contains("unknown placeholder"));
+    assert!(refused(&with("ready: { listening: true, line: up }"), 2).contains("exactly one"));
+    assert!(refused(&with("ready: { command: [] }"), 2).contains("exactly one"));
+}
