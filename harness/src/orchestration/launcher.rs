@@ -252,8 +252,11 @@ impl RankGroup {
                 Some((pid, text))
             }
             Some(h) => {
-                let script = "for t in /proc/$1/task/*; do echo \"--- thread ${t##*/} ($(cat $t/comm)) wchan=$(cat $t/wchan) syscall=$(cut -d' ' -f1 $t/syscall)\"; cat $t/stack; done; \
-                              command -v gdb >/dev/null && { echo '--- gdb: thread apply all bt'; timeout 20 gdb -batch -nx -p $1 -ex 'thread apply all bt' 2>/dev/null; }; true";
+                // The rank, then the programs under it (an exec step's), kernel stacks each.
+                let script = "stacks() { for t in /proc/$1/task/*; do echo \"--- thread ${t##*/} ($(cat $t/comm)) wchan=$(cat $t/wchan) syscall=$(cut -d' ' -f1 $t/syscall)\"; cat $t/stack; done; }; \
+                              stacks $1; \
+                              command -v gdb >/dev/null && { echo '--- gdb: thread apply all bt'; timeout 20 gdb -batch -nx -p $1 -ex 'thread apply all bt' 2>/dev/null; }; \
+                              for c in $(cat /proc/$1/task/*/children 2>/dev/null); do echo \"=== child process $c ($(cat /proc/$c/comm 2>/dev/null))\"; stacks $c; done; true";
                 let text = h
                     .target
                     .check(
