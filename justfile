@@ -55,6 +55,20 @@ setup-containers: (apt "debootstrap" "openssh-client")
 setup-rxe:
     bash hosts/vm/setup-rxe.sh
 
+# The RDMA lock held across a join (DAQIRI's deadlock, half of it) switched into the transport (a bug-injection build): rdma-graceful-shutdown must fail in the soft-RoCE VM, and pass without the bug.
+rdma-blind-spot: build-deps setup-rxe
+    #!/usr/bin/env bash
+    set -uo pipefail
+    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p harness --features harness/bug-injection || exit 2
+    w=target/bug-injection/release/wringer
+    out=reports/rdma-blind-spot
+    WRINGER_TRANSPORT_BUG=lock-across-join $w run --hosts hosts/rxe-vm.yaml --report-dir $out/with-bug scenarios/rdma-graceful-shutdown.yaml
+    with=$?
+    $w run --hosts hosts/rxe-vm.yaml --report-dir $out/without scenarios/rdma-graceful-shutdown.yaml
+    without=$?
+    grep -h "stats_max_lock_wait\|lock" $out/with-bug/summary.md || true
+    if [ $with = 1 ] && [ $without = 0 ]; then echo "rdma-blind-spot: caught with the bug, passed without"; else echo "rdma-blind-spot: with the bug exit $with (want 1), without exit $without (want 0)"; exit 1; fi
+
 # The RDMA scenarios. Default: inside a soft-RoCE VM (hosts/rxe-vm.yaml); on a host with RDMA, pass a profile that has it.
 test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
     if grep -q '^kind: rxe-vm' {{hosts}}; then just setup-rxe; fi

@@ -109,8 +109,14 @@ fn wringer_run(req: &VmRun, hosts: &Path, inner: &Path) -> Result<String, String
         args.push("--no-audit".into());
     }
     let words: Vec<String> = args.iter().map(|a| quote(a)).collect();
+    // Tests switch a transport bug on (a `bug-injection` build only); the VM's ranks need it too.
+    let bug = std::env::var("WRINGER_TRANSPORT_BUG")
+        .ok()
+        .filter(|b| !b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+        .map(|b| format!("WRINGER_TRANSPORT_BUG={} ", quote(&b)))
+        .unwrap_or_default();
     Ok(format!(
-        "cd {}\nCI=true {}\necho $? > {}\n",
+        "cd {}\n{bug}CI=true {}\necho $? > {}\n",
         quote(&cwd.display().to_string()),
         words.join(" "),
         quote(&inner.join("exit").display().to_string())
