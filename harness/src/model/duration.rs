@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize, Serializer};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Dur(pub Duration);
 
+/// The longest duration a file may give: a week. Nothing a scenario waits for is longer, and the
+/// bound keeps every sum of deadlines far from what `Duration` and `Instant` can hold.
+pub const MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+
 impl Dur {
     pub fn parse(s: &str) -> Result<Dur, String> {
         let s = s.trim();
@@ -34,6 +38,11 @@ impl Dur {
         if !(secs.is_finite() && secs > 0.0) {
             return Err(format!(
                 "duration `{s}` must be above zero (there is no 'forever')"
+            ));
+        }
+        if secs > MAX.as_secs_f64() {
+            return Err(format!(
+                "duration `{s}` is over the limit of 7 days (168h): no scenario waits that long"
             ));
         }
         Ok(Dur(Duration::from_secs_f64(secs)))
@@ -78,6 +87,23 @@ impl<'de> Deserialize<'de> for Dur {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_beyond_a_week_are_refused_before_any_arithmetic() {
+        for huge in [
+            "99999999999999999999999999999s",
+            "1e400s",
+            "10081m",
+            "604801s",
+        ] {
+            let e = Dur::parse(huge).unwrap_err();
+            assert!(
+                e.contains("7 days") || e.contains("unknown duration unit"),
+                "{huge}: {e}"
+            );
+        }
+        assert_eq!(Dur::parse("10080m").unwrap().0, MAX);
+    }
 
     #[test]
     fn parses_units_and_rejects_zero_and_bare_numbers() {

@@ -39,7 +39,7 @@ impl StepSpec for PeerDeath {
                 self.victim
             ));
         }
-        Ok(())
+        super::in_range("frames_before_fault", self.frames_before_fault, 0, super::MAX_COUNT)
     }
 }
 

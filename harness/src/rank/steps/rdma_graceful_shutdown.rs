@@ -48,6 +48,15 @@ impl StepSpec for RdmaGracefulShutdown {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        super::in_range("connections", self.connections, 1, 1000)?;
+        super::in_range("messages", self.messages, 0, super::MAX_COUNT)?;
+        if self.worker_drain.is_some_and(|d| d.0 > Duration::from_secs(10)) {
+            return Err("worker_drain must be at most 10s (each of the connections waits it out)".into());
+        }
+        Ok(())
+    }
 }
 
 impl StepKind for RdmaGracefulShutdown {

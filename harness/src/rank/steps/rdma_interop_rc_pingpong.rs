@@ -39,6 +39,11 @@ impl StepSpec for RdmaInteropRcPingpong {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        super::in_range("size", self.size, 1, super::MAX_MESSAGE)?;
+        super::in_range("iterations", self.iterations, 1, super::MAX_COUNT)
+    }
 }
 
 impl StepKind for RdmaInteropRcPingpong {

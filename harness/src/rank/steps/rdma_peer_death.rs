@@ -31,6 +31,10 @@ impl StepSpec for RdmaPeerDeath {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        super::in_range("frames_before_fault", self.frames_before_fault, 0, super::MAX_COUNT)
+    }
 }
 
 impl StepKind for RdmaPeerDeath {

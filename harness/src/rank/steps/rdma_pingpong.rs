@@ -45,6 +45,10 @@ impl StepSpec for RdmaPingpong {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        super::check_sizes(&self.sizes, self.iterations)
+    }
 }
 
 impl StepKind for RdmaPingpong {

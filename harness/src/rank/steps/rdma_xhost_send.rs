@@ -42,6 +42,10 @@ impl StepSpec for RdmaXhostSend {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        super::in_range("messages", self.messages, 1, super::MAX_COUNT)
+    }
 }
 
 impl StepKind for RdmaXhostSend {

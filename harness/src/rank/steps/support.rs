@@ -10,12 +10,34 @@ use transport::{connect, ConnectOptions, Connection, Hello};
 
 use crate::rank::context::Ctx;
 
-/// Sizes of a ping-pong: every size in 1..=16 MiB, and at least one iteration.
+/// The largest message a step may size: a buffer this big is allocated per message.
+pub const MAX_MESSAGE: u32 = 16 << 20;
+/// The most round trips, messages or cycles one step may ask for: each is real work, and a
+/// count beyond this would outlast any deadline while sizing loops and buffers.
+pub const MAX_COUNT: u32 = 1_000_000;
+/// The most sizes one step may sweep.
+pub const MAX_SIZES: usize = 32;
+
+/// Sizes of a ping-pong: 1..=32 sizes, each in 1..=16 MiB, and 1..=1,000,000 iterations.
 pub fn check_sizes(sizes: &[u32], iterations: u32) -> Result<(), String> {
-    if sizes.is_empty() || iterations == 0 || sizes.iter().any(|&b| b == 0 || b > 16 << 20) {
-        return Err("needs sizes in 1..=16MiB and iterations >= 1".into());
+    if sizes.is_empty()
+        || sizes.len() > MAX_SIZES
+        || sizes.iter().any(|&b| b == 0 || b > MAX_MESSAGE)
+    {
+        return Err(format!(
+            "needs 1..={MAX_SIZES} sizes, each in 1..=16MiB (16777216 bytes)"
+        ));
     }
-    Ok(())
+    in_range("iterations", iterations, 1, MAX_COUNT)
+}
+
+/// `value` must lie in `min..=max`; the message names the parameter and the range.
+pub fn in_range(name: &str, value: u32, min: u32, max: u32) -> Result<(), String> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!("{name} must be {min}..={max}, got {value}"))
+    }
 }
 
 /// Sequence numbers for lazy connects, unique per step so steps never collide.

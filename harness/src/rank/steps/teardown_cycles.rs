@@ -39,6 +39,10 @@ impl StepSpec for TeardownCycles {
     fn deadline(&self) -> Duration {
         self.deadline.0
     }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        super::in_range("cycles", self.cycles, 1, super::MAX_COUNT)
+    }
 }
 
 impl StepKind for TeardownCycles {
