@@ -72,3 +72,83 @@ fn every_parameter_that_sizes_work_has_a_bound() {
         );
     }
 }
+
+#[test]
+fn a_name_that_would_leave_the_report_folder_is_a_located_error() {
+    for (i, name) in [
+        "\"../escape\"",
+        "\"\"",
+        "\"a\\nPASS\"",
+        "\"\\e]0;title\\a\"",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let yaml = scenario("10s", "stall: { duration: 1s, deadline: 5s }")
+            .replace("name: h", &format!("name: {name}"));
+        let (code, err) = validate(&format!("name-{i}"), &yaml);
+        assert_eq!(code, 2, "{name}: {err}");
+        assert!(err.contains("s.yaml:1:7"), "{name}: {err}");
+        // The message never echoes a control character back to the terminal.
+        assert!(
+            !err.contains('\u{1b}') && !err.contains('\u{7}'),
+            "{name}: {err:?}"
+        );
+    }
+}
+
+fn profile(tag: &str, hosts: &str, addr: &str) -> (i32, String) {
+    let dir = std::env::temp_dir().join(format!("wringer-hostile-p-{tag}-{}", std::process::id()));
+    let hosts_dir = dir.join("hosts");
+    std::fs::create_dir_all(&hosts_dir).unwrap();
+    let file = hosts_dir.join("pair.yaml");
+    let yaml = format!(
+        "name: pair\ndescription: d\nkind: ssh\ncoordinator_addr: \"{addr}\"\nhosts:\n{hosts}"
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let out = Command::new(WRINGER)
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn inventories_with_a_non_address_a_zero_port_or_twin_hosts_are_refused() {
+    let host = |name: &str, port: &str| {
+        format!("  - name: {name}\n    ssh: {{ host: \"10.0.0.1\"{port} }}\n    data_addr: \"10.0.0.1\"\n")
+    };
+    let two = format!("{}{}", host("a", ""), host("b", ""));
+    assert_eq!(profile("ok", &two, "10.0.0.9").0, 0);
+    let (code, err) = profile("addr", &two, "not an address");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("pair.yaml:4:") && err.contains("coordinator_addr"),
+        "{err}"
+    );
+    let (code, err) = profile(
+        "port",
+        &format!("{}{}", host("a", ", port: 0"), host("b", "")),
+        "10.0.0.9",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("pair.yaml:") && err.contains("port 0"),
+        "{err}"
+    );
+    let (code, err) = profile(
+        "twins",
+        &format!("{}{}", host("a", ""), host("a", "")),
+        "10.0.0.9",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("pair.yaml:9:") && err.contains("used twice"),
+        "{err}"
+    );
+}

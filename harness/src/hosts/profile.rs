@@ -14,6 +14,7 @@ use crate::model::requirement::Requirement;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostProfile {
+    #[serde(deserialize_with = "crate::model::name::checked")]
     pub name: String,
     pub description: String,
     pub kind: ProfileKind,
@@ -227,9 +228,39 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
                 return Err(InputError::plain(path, "an `ssh` profile needs `coordinator_addr`: this machine's address that every host can reach"));
             };
             spanned(path, "coordinator_addr", addr, Charset::Address)?;
+            if addr.value.parse::<std::net::IpAddr>().is_err() {
+                return Err(located(
+                    path,
+                    &addr.referenced,
+                    format!(
+                        "coordinator_addr `{}` must be an IP address of this machine that every host can reach (the rendezvous listens on it)",
+                        addr.value
+                    ),
+                ));
+            }
+            let mut seen = std::collections::BTreeSet::new();
             for h in &p.hosts {
                 let h = &h.value;
                 spanned(path, "name", &h.name, Charset::Name)?;
+                crate::model::name::check(&h.name.value)
+                    .map_err(|why| located(path, &h.name.referenced, why))?;
+                if !seen.insert(h.name.value.clone()) {
+                    return Err(located(
+                        path,
+                        &h.name.referenced,
+                        format!(
+                            "host name `{}` is used twice; each host needs its own",
+                            h.name.value
+                        ),
+                    ));
+                }
+                if h.ssh.port == Some(0) {
+                    return Err(located(
+                        path,
+                        &h.ssh.host.referenced,
+                        "ssh.port 0 is not a port; leave it out for 22".into(),
+                    ));
+                }
                 spanned(path, "ssh.host", &h.ssh.host, Charset::Address)?;
                 spanned(path, "data_addr", &h.data_addr, Charset::Address)?;
                 if let Some(u) = &h.ssh.user {

@@ -5,6 +5,7 @@ pub mod duration;
 pub mod input;
 pub mod known;
 pub mod metric;
+pub mod name;
 pub mod requirement;
 pub mod result;
 pub mod scenario;

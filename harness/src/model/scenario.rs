@@ -49,6 +49,7 @@ pub trait StepSpec {
 #[serde(deny_unknown_fields)]
 #[serde(bound(deserialize = "S: Deserialize<'de>"))]
 pub struct Scenario<S> {
+    #[serde(deserialize_with = "super::name::checked")]
     pub name: String,
     pub description: String,
     #[serde(default)]

@@ -314,8 +314,8 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         assert!(listening_on(port));
+        // (Not listening is the parser test's: once dropped, another test may take the port.)
         drop(l);
-        assert!(!listening_on(port));
     }
 
     #[test]

@@ -1,0 +1,68 @@
+//! Names that become parts of paths and lines: scenario, host profile and host names. They come
+//! from a restricted set (letters, digits, `.`, `_`, `-`; starting with a letter or digit; at
+//! most 100 characters), so a name can neither leave the report folder (`../x`), nor be empty,
+//! nor forge a line of output.
+
+use serde::{Deserialize, Deserializer};
+
+pub const MAX_LEN: usize = 100;
+
+/// What is wrong with `name`, if anything.
+pub fn check(name: &str) -> Result<(), String> {
+    let first_ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
+    let all_ok = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if name.is_empty() {
+        return Err("a name must not be empty".into());
+    }
+    if name.len() > MAX_LEN {
+        return Err(format!(
+            "a name has at most {MAX_LEN} characters, this one {}",
+            name.len()
+        ));
+    }
+    if !first_ok || !all_ok {
+        let shown: String = name.escape_debug().take(60).collect();
+        return Err(format!(
+            "name \"{shown}\" may hold only letters, digits, `.`, `_` and `-`, and must start with a letter or digit (it names files in the report)"
+        ));
+    }
+    Ok(())
+}
+
+/// Deserialize a name and check it, so a bad one is an error at its line and column.
+pub fn checked<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    check(&s).map_err(serde::de::Error::custom)?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_leave_the_folder_or_forge_output_are_refused() {
+        for bad in [
+            "",
+            "../x",
+            "a/b",
+            "..",
+            ".hidden",
+            "a b",
+            "a\nb",
+            "\u{1b}]0;x\u{7}",
+            "é",
+        ] {
+            assert!(check(bad).is_err(), "{bad:?}");
+        }
+        assert!(check(&"a".repeat(101)).unwrap_err().contains("at most 100"));
+        for good in ["tcp-teardown-cycles", "gloo_2.x", "A1", &"a".repeat(100)] {
+            assert_eq!(check(good), Ok(()), "{good}");
+        }
+    }
+}
