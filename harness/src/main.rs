@@ -287,11 +287,17 @@ fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
     }
     let mut bad = 0;
     for f in &files {
-        let is_hosts = f
-            .parent()
-            .and_then(|d| d.file_name())
-            .is_some_and(|n| n == "hosts");
-        let result = if is_hosts {
+        // What a file is follows from what it says, not from the folder it sits in: a host
+        // profile has a top-level `kind:`, a known-failures file is a list.
+        let text = std::fs::read(f).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        let first = text
+            .lines()
+            .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+            .unwrap_or("");
+        let result = if first.starts_with("- ") || first == "-" {
+            harness::model::known::load(f).map(|_| ())
+        } else if text.lines().any(|l| l.starts_with("kind:")) {
             hosts::load(f).map(|_| ())
         } else {
             steps::load(f).map(|_| ())

@@ -152,3 +152,93 @@ fn inventories_with_a_non_address_a_zero_port_or_twin_hosts_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn validate_locates_every_bad_file_and_never_passes_one_silently() {
+    let stall = "stall: { duration: 1s, deadline: 5s }";
+    let cases = [
+        (
+            "repeat",
+            scenario("10s", stall).replace("ranks: 2", "ranks: 2\nrepeat: 0"),
+            "s.yaml:4:9",
+            "at least 1",
+        ),
+        (
+            "steps",
+            scenario("10s", stall).replace(&format!("steps:\n  - {stall}"), "steps: []"),
+            "s.yaml:5:8",
+            "at least one step",
+        ),
+        (
+            "nan",
+            scenario("10s", stall).replace("expect: {}", "expect:\n  cycles: { min: .nan }"),
+            "s.yaml:8:11",
+            "finite",
+        ),
+        (
+            "minmax",
+            scenario("10s", stall).replace("expect: {}", "expect:\n  cycles: { min: 5, max: 1 }"),
+            "s.yaml:8:11",
+            "above max",
+        ),
+    ];
+    for (tag, yaml, at, what) in cases {
+        let yaml = if tag == "nan" || tag == "minmax" {
+            yaml.replace(stall, "teardown-cycles: { cycles: 10, deadline: 5s }")
+        } else {
+            yaml
+        };
+        let (code, err) = validate(tag, &yaml);
+        assert_eq!(code, 2, "{tag}: {err}");
+        assert!(err.contains(at) && err.contains(what), "{tag}: {err}");
+    }
+    // Not UTF-8: the line and column of the first bad byte.
+    let dir = std::env::temp_dir().join(format!("wringer-hostile-bytes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bytes.yaml");
+    std::fs::write(&file, b"name: h\ndescription: \xff\xfe\n").unwrap();
+    let out = Command::new(WRINGER)
+        .arg("validate")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("bytes.yaml:2:14") && err.contains("not UTF-8"),
+        "{err}"
+    );
+    // A folder named like a scenario file is no scenario.
+    let folder = dir.join("x.yaml");
+    std::fs::create_dir_all(&folder).unwrap();
+    let out = Command::new(WRINGER)
+        .arg("validate")
+        .arg(&folder)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A host profile is checked as one wherever it lies.
+    let profile = dir.join("my-profile.yaml");
+    std::fs::write(
+        &profile,
+        "name: p\ndescription: d\nkind: local\nmust_have: [gpu]\n",
+    )
+    .unwrap();
+    let out = Command::new(WRINGER)
+        .arg("validate")
+        .arg(&profile)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -165,7 +165,7 @@ impl HostProfile {
 }
 
 pub fn load(path: &Path) -> Result<HostProfile, InputError> {
-    let text = std::fs::read_to_string(path).map_err(|e| InputError::io(path, e))?;
+    let text = crate::model::input::read_text(path)?;
     let mut p: HostProfile = crate::model::input::parse_yaml(path, &text)?;
     p.file = path.to_owned();
     check(path, &p)?;

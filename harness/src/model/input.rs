@@ -32,6 +32,23 @@ impl InputError {
     }
 }
 
+/// Read a text file; bytes that are not UTF-8 are an error at their line and column.
+pub fn read_text(file: &Path) -> Result<String, InputError> {
+    let bytes = std::fs::read(file).map_err(|e| InputError::io(file, e))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = good.iter().filter(|b| **b == b'\n').count() as u64 + 1;
+        let start = good.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let column = String::from_utf8_lossy(&good[start..]).chars().count() as u64 + 1;
+        InputError::Located {
+            file: file.to_owned(),
+            line,
+            column,
+            message: "this byte is not UTF-8: save the file as UTF-8 text".into(),
+        }
+    })
+}
+
 pub fn located(file: &Path, at: &Location, message: String) -> InputError {
     InputError::Located {
         file: file.to_owned(),

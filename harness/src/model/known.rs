@@ -55,7 +55,7 @@ fn glob(pattern: &str, name: &str) -> bool {
 
 /// Read a known-failures file: a YAML list of entries.
 pub fn load(path: &Path) -> Result<Vec<KnownFailure>, InputError> {
-    let text = std::fs::read_to_string(path).map_err(|e| InputError::io(path, e))?;
+    let text = crate::model::input::read_text(path)?;
     let entries: Vec<Spanned<KnownFailure>> = parse_yaml(path, &text)?;
     for e in &entries {
         check(&e.value).map_err(|why| located(path, &e.referenced, why))?;

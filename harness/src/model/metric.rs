@@ -124,6 +124,28 @@ pub struct Bound {
 }
 
 impl Bound {
+    /// Whether any value can meet the bound: finite numbers, min not above max, and an
+    /// `equals` inside both.
+    pub fn satisfiable(&self) -> Result<(), String> {
+        let all = [self.min, self.max, self.equals];
+        if all.iter().flatten().any(|v| !v.is_finite()) {
+            return Err("bounds must be finite numbers (not NaN or infinity)".into());
+        }
+        if let (Some(lo), Some(hi)) = (self.min, self.max) {
+            if lo > hi {
+                return Err(format!("min {lo} is above max {hi}: no value can meet it"));
+            }
+        }
+        if let Some(e) = self.equals {
+            if self.min.is_some_and(|lo| e < lo) || self.max.is_some_and(|hi| e > hi) {
+                return Err(format!(
+                    "equals {e} lies outside min/max: no value can meet it"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn check(&self, value: f64) -> Result<(), String> {
         if let Some(e) = self.equals {
             if value != e {

@@ -57,10 +57,11 @@ pub struct Scenario<S> {
     pub ranks: Spanned<u32>,
     /// Whole-scenario deadline, per repeat.
     pub deadline: Dur,
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "at_least_one")]
     pub repeat: u32,
     #[serde(default)]
     pub faults: Vec<Spanned<Fault>>,
+    #[serde(deserialize_with = "not_empty")]
     pub steps: Vec<Spanned<S>>,
     /// Lifecycle checks on the ranks' syscalls (they run under strace).
     #[serde(default)]
@@ -73,6 +74,29 @@ pub struct Scenario<S> {
 
 fn one() -> u32 {
     1
+}
+
+/// `repeat: 0` is an error where it stands (line and column), not after the file loaded.
+fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let n = u32::deserialize(d)?;
+    if n == 0 {
+        return Err(serde::de::Error::custom("repeat must be at least 1"));
+    }
+    Ok(n)
+}
+
+fn not_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let v = Vec::<T>::deserialize(d)?;
+    if v.is_empty() {
+        return Err(serde::de::Error::custom(
+            "a scenario needs at least one step",
+        ));
+    }
+    Ok(v)
 }
 
 impl<S: StepSpec> Scenario<S> {
@@ -232,7 +256,7 @@ impl<S: Clone> Loaded<S> {
 
 /// Parse and check one scenario file.
 pub fn load<S: StepSpec + Named + DeserializeOwned>(path: &Path) -> Result<Loaded<S>, InputError> {
-    let text = std::fs::read_to_string(path).map_err(|e| InputError::io(path, e))?;
+    let text = super::input::read_text(path)?;
     let scenario: Scenario<S> = super::input::parse_yaml(path, &text)?;
     check(path, &scenario)?;
     Ok(Loaded {
@@ -248,15 +272,6 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
             path,
             &s.ranks.referenced,
             format!("ranks must be 1..=256, got {ranks}"),
-        ));
-    }
-    if s.repeat == 0 {
-        return Err(InputError::plain(path, "repeat must be at least 1"));
-    }
-    if s.steps.is_empty() {
-        return Err(InputError::plain(
-            path,
-            "a scenario needs at least one step",
         ));
     }
     for step in &s.steps {
@@ -317,6 +332,13 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
                 "a bound needs min, max or equals".into(),
             ));
         }
+        if let Err(why) = b.satisfiable() {
+            return Err(located(
+                path,
+                &bound.referenced,
+                format!("`{metric}`: {why}"),
+            ));
+        }
     }
     Ok(())
 }
@@ -332,6 +354,12 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
                 .filter(|f| matches!(f.extension().and_then(|x| x.to_str()), Some("yaml" | "yml")))
                 .collect();
             files.sort();
+            if files.is_empty() {
+                return Err(InputError::plain(
+                    p,
+                    "is a folder with no .yaml or .yml files in it",
+                ));
+            }
             found.extend(files);
         } else if p.is_file() {
             found.push(p.clone());
