@@ -99,7 +99,7 @@ enum Command {
         #[arg(long, default_value = "reports/site/index.html")]
         out: PathBuf,
         /// Flag a trend value worse than the earlier runs' median by more than this fraction.
-        #[arg(long, default_value_t = 0.2)]
+        #[arg(long, default_value_t = 0.2, value_parser = fraction)]
         threshold: f64,
     },
     /// The rank worker (started by `wringer run`, not by hand).
@@ -280,6 +280,18 @@ fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
 }
 
 /// Check every file: host profiles (under a `hosts` folder) and scenarios; report them all.
+/// A fraction for `--threshold`: a finite number from 0 to 100 (NaN would flag nothing, ever).
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if v.is_finite() && (0.0..=100.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "`{s}` must be a finite number from 0 to 100 (0.2 flags 20% worse)"
+        ))
+    }
+}
+
 fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
     let mut files = vec![];
     for p in paths {

@@ -242,3 +242,18 @@ fn validate_locates_every_bad_file_and_never_passes_one_silently() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_threshold_that_is_not_a_finite_fraction_is_refused() {
+    for bad in ["NaN", "inf", "-1", "x"] {
+        let out = Command::new(WRINGER)
+            .args(["report", &format!("--threshold={bad}"), "/nonexistent"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--threshold"),
+            "{bad}"
+        );
+    }
+}

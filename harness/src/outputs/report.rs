@@ -264,9 +264,31 @@ fn evidence_summary(r: &ScenarioResult) -> String {
     s
 }
 
+/// Write `path` whole or not at all; a failure (a full disk, say) names the file and leaves no
+/// temporary file behind.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)?;
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", path.display()));
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_names_its_file_and_leaves_no_temporary_behind() {
+        let dir = std::env::temp_dir().join(format!("wringer-atomic-{}", std::process::id()));
+        // The target is a non-empty folder: the write of the temporary works, the rename fails.
+        let target = dir.join("results.json");
+        std::fs::create_dir_all(target.join("inside")).unwrap();
+        let e = write_atomically(&target, b"{}").unwrap_err();
+        assert!(format!("{e:#}").contains("results.json"), "{e:#}");
+        assert!(!dir.join("results.tmp").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -124,16 +124,26 @@ fn history_entry(run: &Run) -> HistoryEntry {
 
 /// Read the history, add these runs (once each), write it back; oldest first.
 fn update_history(path: &Path, runs: &[Run]) -> Result<Vec<HistoryEntry>> {
-    let mut entries: Vec<HistoryEntry> = match std::fs::read_to_string(path) {
-        Ok(text) => text
+    let mut entries: Vec<HistoryEntry> = match std::fs::read(path) {
+        // A line cut short (a disk filled, a job killed mid-write) must not stop every later
+        // report: it is skipped with a warning that names it, and dropped when the file is
+        // written back.
+        Ok(bytes) => String::from_utf8_lossy(&bytes)
             .lines()
-            .filter(|l| !l.trim().is_empty())
             .enumerate()
-            .map(|(i, l)| {
-                serde_json::from_str(l)
-                    .with_context(|| format!("{}:{}: not a history entry", path.display(), i + 1))
+            .filter(|(_, l)| !l.trim().is_empty())
+            .filter_map(|(i, l)| match serde_json::from_str(l) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    eprintln!(
+                        "warning: {}:{}: not a history entry ({e}); skipped",
+                        path.display(),
+                        i + 1
+                    );
+                    None
+                }
             })
-            .collect::<Result<_>>()?,
+            .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
@@ -280,6 +290,22 @@ mod tests {
             scenarios,
             bandwidth_gbps: Some(bw),
         }
+    }
+
+    #[test]
+    fn a_history_line_cut_short_is_skipped_and_dropped_not_fatal() {
+        let dir = std::env::temp_dir().join(format!("wringer-history-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("history.jsonl");
+        let good = serde_json::to_string(&entry("a", 1, 10.0, 20.0)).unwrap();
+        std::fs::write(&path, format!("{good}\n{}", &good[..good.len() / 2])).unwrap();
+        let entries = update_history(&path, &[]).unwrap();
+        assert_eq!(entries.len(), 1);
+        // Written back whole: the next report reads every line.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1);
+        assert!(serde_json::from_str::<HistoryEntry>(text.lines().next().unwrap()).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

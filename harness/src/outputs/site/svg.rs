@@ -30,8 +30,10 @@ struct Axis {
 
 impl Axis {
     fn new(values: impl Iterator<Item = f64>, log: bool) -> Axis {
+        // Values beyond ±1e300 would make the axis span overflow to infinity (and every
+        // coordinate NaN); they are left off the scale, as NaN and infinities are.
         let v: Vec<f64> = values
-            .filter(|x| x.is_finite() && (!log || *x > 0.0))
+            .filter(|x| x.is_finite() && x.abs() <= 1e300 && (!log || *x > 0.0))
             .collect();
         let (mut lo, mut hi) = v
             .iter()
@@ -64,7 +66,13 @@ impl Axis {
 
     fn frac(&self, x: f64) -> f64 {
         let x = if self.log { x.max(1e-12).log10() } else { x };
-        ((x - self.lo) / (self.hi - self.lo)).clamp(0.0, 1.0)
+        let f = (x - self.lo) / (self.hi - self.lo);
+        // A value off the scale (NaN, infinite, huge) is drawn at the edge, never as NaN.
+        if f.is_nan() {
+            0.0
+        } else {
+            f.clamp(0.0, 1.0)
+        }
     }
 
     fn ticks(&self) -> Vec<f64> {
@@ -82,7 +90,11 @@ impl Axis {
 
 pub fn number(v: f64) -> String {
     let a = v.abs();
-    if a >= 1e6 {
+    if !v.is_finite() {
+        "n/a".into()
+    } else if a >= 1e12 {
+        format!("{v:.2e}")
+    } else if a >= 1e6 {
         format!("{:.1}M", v / 1e6)
     } else if a >= 1e4 {
         format!("{:.0}k", v / 1e3)
@@ -157,9 +169,17 @@ pub fn line_chart(
         H / 2.0,
         escape(y_label)
     );
+    // A point off any scale (NaN, infinite, beyond ±1e300, not positive on a log axis) is
+    // left out of the drawing; the trend data keeps it.
+    let drawable = |v: f64, log: bool| v.is_finite() && v.abs() <= 1e300 && (!log || v > 0.0);
     for (i, ser) in series.iter().enumerate() {
-        let pts: Vec<String> = ser
+        let points: Vec<(f64, f64)> = ser
             .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| drawable(*x, log_x) && drawable(*y, log_y))
+            .collect();
+        let pts: Vec<String> = points
             .iter()
             .map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y)))
             .collect();
@@ -171,7 +191,7 @@ pub fn line_chart(
                 pts.join(" ")
             );
         }
-        for (x, y) in &ser.points {
+        for (x, y) in &points {
             let _ = write!(
                 s,
                 r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{}"><title>{}: {}</title></circle>"#,
@@ -199,7 +219,10 @@ pub fn line_chart(
 
 /// A histogram of (bucket upper bound, count).
 pub fn histogram(title: &str, buckets: &[(f64, u64)]) -> String {
-    let bars: Vec<&(f64, u64)> = buckets.iter().filter(|b| b.1 > 0).collect();
+    let bars: Vec<&(f64, u64)> = buckets
+        .iter()
+        .filter(|b| b.1 > 0 && b.0.is_finite())
+        .collect();
     let max = bars.iter().map(|b| b.1).max().unwrap_or(1) as f64;
     let (w, h) = (280.0, 150.0);
     let bw = (w - 20.0) / bars.len().max(1) as f64;
@@ -241,4 +264,40 @@ pub fn histogram(title: &str, buckets: &[(f64, u64)]) -> String {
         h - 2.0
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extreme_values_never_put_nan_or_infinity_into_a_chart() {
+        let nasty = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            1e308,
+            -1e308,
+            0.0,
+            5.0,
+        ];
+        let points: Vec<(f64, f64)> = nasty.iter().map(|v| (*v, *v)).collect();
+        for (lx, ly) in [(false, false), (true, true)] {
+            let svg = line_chart(
+                "t",
+                "y",
+                &[Series {
+                    name: "s".into(),
+                    color: "#000",
+                    points: points.clone(),
+                }],
+                lx,
+                ly,
+                &[],
+            );
+            assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+        }
+        let h = histogram("h", &[(f64::NAN, 1), (1e308, 2), (3.0, u64::MAX)]);
+        assert!(!h.contains("NaN") && !h.contains("inf"), "{h}");
+    }
 }
