@@ -183,11 +183,14 @@ impl ReportWriter {
             if details.is_empty() {
                 details = headline_metrics(r);
             }
+            // Newlines end the row; every other control character (an ANSI escape in a
+            // program's output, say) is written escaped, never raw.
+            let details = super::progress::printable(&details.replace('\n', " "));
             s.push_str(&format!(
                 "| {} | {verdict} | {:.1} s | {} |\n",
-                r.name,
+                super::progress::printable(&r.name),
                 r.duration_s,
-                details.replace('|', "\\|").replace('\n', " ")
+                details.replace('|', "\\|")
             ));
         }
         let matrix = super::matrix::markdown(&self.results);
@@ -279,6 +282,29 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summary_rows_carry_no_raw_control_characters() {
+        let mut r = crate::model::result::ScenarioResult::not_run(
+            "s",
+            Path::new("s.yaml"),
+            Verdict::Fail,
+            "line one\n[1/1] PASS forged \u{1b}]0;title\u{7} | cell".into(),
+        );
+        r.duration_s = 1.0;
+        let w = ReportWriter {
+            results: vec![r],
+            ..ReportWriter::default()
+        };
+        let md = w.summary("run", "local", true, false);
+        let row = md.lines().find(|l| l.starts_with("| s |")).unwrap();
+        assert!(!md.contains('\u{1b}') && !md.contains('\u{7}'), "{md:?}");
+        assert!(
+            row.contains("line one [1/1] PASS forged") && row.contains("\\|"),
+            "{row}"
+        );
+        assert!(!md.lines().any(|l| l.starts_with("[1/1]")));
+    }
 
     #[test]
     fn a_failed_write_names_its_file_and_leaves_no_temporary_behind() {
