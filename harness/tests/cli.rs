@@ -288,6 +288,53 @@ fn rendezvous_connection_with_a_wrong_token_is_rejected() {
     assert_eq!(s["evidence"]["rejected_rendezvous_connections"], 1);
 }
 
+#[test]
+fn a_stranger_dribbling_bytes_into_the_rendezvous_cannot_hold_the_run_open() {
+    let dir = report_dir("dribble");
+    let m = marker();
+    let started = Instant::now();
+    let child = spawn_run(
+        &m,
+        &[
+            "run",
+            fixture("slow.yaml").to_str().unwrap(),
+            "--report-dir",
+            dir.to_str().unwrap(),
+        ],
+    );
+    let rank = wait_for_ranks(&m, 1)[0];
+    let cmdline =
+        String::from_utf8(std::fs::read(format!("/proc/{rank}/cmdline")).unwrap()).unwrap();
+    let args: Vec<&str> = cmdline.split('\0').collect();
+    let addr = args[args.iter().position(|a| *a == "--rendezvous").unwrap() + 1].to_string();
+    // Forty strangers, each sending a byte every 2 s and never a newline, until cut off.
+    let dribblers: Vec<_> = (0..40)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
+                    return;
+                };
+                for _ in 0..30 {
+                    if s.write_all(b"{").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_secs(2));
+                }
+            })
+        })
+        .collect();
+    let out = child.wait_with_output().unwrap();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0));
+    // The scenario stalls 3 s; the strangers must not stretch the run toward their 60 s.
+    assert!(took < Duration::from_secs(20), "the run took {took:?}");
+    let s = &results(&dir)["scenarios"][0];
+    assert_eq!(s["verdict"], "pass");
+    drop(dribblers);
+    assert!(processes_with(&m).is_empty());
+}
+
 fn write_inventory(tag: &str, body: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("wringer-inv-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
