@@ -186,6 +186,36 @@ fn hung_rank_fires_the_watchdog_with_stacks_and_leaves_nothing() {
     assert!(processes_with(&m).is_empty(), "ranks outlived the run");
 }
 
+#[test]
+fn eight_hung_ranks_are_frozen_at_once_and_their_stacks_read_in_parallel() {
+    let dir = report_dir("hang8");
+    let m = marker();
+    let started = Instant::now();
+    let out = run_to_end(wringer(
+        &m,
+        &[
+            "run",
+            fixture("hung8.yaml").to_str().unwrap(),
+            "--report-dir",
+            dir.to_str().unwrap(),
+        ],
+    ));
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1));
+    // One after another (gdb on each) this took 15-22 s; frozen first and read in parallel,
+    // with gdb for two of them, it ends within the budget (1 s deadline + 4 s for gdb).
+    assert!(took < Duration::from_secs(12), "the watchdog took {took:?}");
+    let stacks = results(&dir)["scenarios"][0]["evidence"]["stacks"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(stacks.len(), 8, "a stack capture per rank");
+    assert!(stacks
+        .iter()
+        .all(|st| st["text"].as_str().unwrap().contains("--- thread")));
+    assert!(processes_with(&m).is_empty(), "ranks outlived the run");
+}
+
 /// Wait (bounded) until a run's ranks exist; returns their pids.
 fn wait_for_ranks(m: &str, n: usize) -> Vec<u32> {
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -79,8 +79,9 @@ pub fn group_members(pgid: u32) -> Vec<(u32, String)> {
         .collect()
 }
 
-/// Kernel and (when gdb is installed) user-space stacks of every thread of `pid`.
-pub fn capture_stacks(pid: u32, gdb_limit: Duration) -> String {
+/// Kernel stacks of every thread of `pid`, and (with a `gdb_limit`, when gdb is installed)
+/// user-space stacks too.
+pub fn capture_stacks(pid: u32, gdb_limit: Option<Duration>) -> String {
     let mut out = String::new();
     let task_dir = format!("/proc/{pid}/task");
     if let Ok(tasks) = std::fs::read_dir(&task_dir) {
@@ -106,8 +107,8 @@ pub fn capture_stacks(pid: u32, gdb_limit: Duration) -> String {
     } else {
         out.push_str(&format!("(process {pid} is gone; no stacks)\n"));
     }
-    if crate::hosts::probe::on_path("gdb") {
-        out.push_str(&gdb_backtrace(pid, gdb_limit));
+    if let Some(limit) = gdb_limit.filter(|_| crate::hosts::probe::on_path("gdb")) {
+        out.push_str(&gdb_backtrace(pid, limit));
     }
     out
 }

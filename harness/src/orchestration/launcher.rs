@@ -230,8 +230,9 @@ impl RankGroup {
         }
     }
 
-    /// Kernel and user stacks of every thread of `rank`, wherever it runs.
-    pub fn stacks(&self, rank: u32) -> Option<(u32, String)> {
+    /// Kernel stacks of every thread of `rank`, wherever it runs, and user stacks (gdb) within
+    /// `gdb` when given.
+    pub fn stacks(&self, rank: u32, gdb: Option<Duration>) -> Option<(u32, String)> {
         let pid = self.pid(rank)?;
         match self.target(rank) {
             None => {
@@ -244,10 +245,7 @@ impl RankGroup {
                             std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
                         text.push_str(&format!("=== child process {p} ({})\n", comm.trim()));
                     }
-                    text.push_str(&crate::hosts::procfs::capture_stacks(
-                        p,
-                        Duration::from_secs(20),
-                    ));
+                    text.push_str(&crate::hosts::procfs::capture_stacks(p, gdb));
                 }
                 Some((pid, text))
             }
@@ -255,13 +253,20 @@ impl RankGroup {
                 // The rank, then the programs under it (an exec step's), kernel stacks each.
                 let script = "stacks() { for t in /proc/$1/task/*; do echo \"--- thread ${t##*/} ($(cat $t/comm)) wchan=$(cat $t/wchan) syscall=$(cut -d' ' -f1 $t/syscall)\"; cat $t/stack; done; }; \
                               stacks $1; \
-                              command -v gdb >/dev/null && { echo '--- gdb: thread apply all bt'; timeout 20 gdb -batch -nx -p $1 -ex 'thread apply all bt' 2>/dev/null; }; \
+                              [ \"$2\" -gt 0 ] && command -v gdb >/dev/null && { echo '--- gdb: thread apply all bt'; timeout $2 gdb -batch -nx -p $1 -ex 'thread apply all bt' 2>/dev/null; }; \
                               for c in $(cat /proc/$1/task/*/children 2>/dev/null); do echo \"=== child process $c ($(cat /proc/$c/comm 2>/dev/null))\"; stacks $c; done; true";
                 let text = h
                     .target
                     .check(
-                        &["sh", "-c", script, "sh", &pid.to_string()],
-                        Duration::from_secs(40),
+                        &[
+                            "sh",
+                            "-c",
+                            script,
+                            "sh",
+                            &pid.to_string(),
+                            &gdb.map_or(0, |d| d.as_secs().max(1)).to_string(),
+                        ],
+                        Duration::from_secs(30),
                     )
                     .unwrap_or_else(|e| format!("(stacks unavailable: {e:#})"));
                 Some((pid, format!("host {}\n{text}", h.target.name)))

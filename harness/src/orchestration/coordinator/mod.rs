@@ -30,6 +30,10 @@ use crate::rank::steps::{Step, StruckFault};
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long traced ranks get to start and join the rendezvous.
 const TRACED_JOIN_TIMEOUT: Duration = Duration::from_secs(120);
+/// When the watchdog fires: how many hung ranks get user-space stacks (gdb), and how long gdb
+/// may take; the others get kernel stacks, which cost nothing.
+const GDB_RANKS: usize = 2;
+const GDB_BUDGET: Duration = Duration::from_secs(4);
 /// How often the event loop checks deadlines and child exits when nothing arrives.
 const TICK: Duration = Duration::from_millis(20);
 
@@ -328,10 +332,31 @@ fn drive(
                         queue.extend(core.handle(Instant::now(), input));
                     }
                     Action::Hang { summary: _, alive } => {
-                        attempt.stacks = alive
-                            .iter()
-                            .filter_map(|&r| group.stacks(r).map(|(pid, text)| (r, pid, text)))
-                            .collect();
+                        // Freeze every hung rank at once (stopped by the deadline, its stacks
+                        // kept as they were), then read all the stacks in parallel within one
+                        // budget; the kill follows.
+                        for &r in &alive {
+                            let _ = group.signal(r, Signal::SIGSTOP);
+                        }
+                        let group = &*group;
+                        attempt.stacks = std::thread::scope(|s| {
+                            let readers: Vec<_> = alive
+                                .iter()
+                                .enumerate()
+                                .map(|(i, &r)| {
+                                    // gdb is slow and takes a core: user stacks for the first
+                                    // few ranks, kernel stacks for every one.
+                                    let gdb = (i < GDB_RANKS).then_some(GDB_BUDGET);
+                                    s.spawn(move || {
+                                        group.stacks(r, gdb).map(|(pid, text)| (r, pid, text))
+                                    })
+                                })
+                                .collect();
+                            readers
+                                .into_iter()
+                                .filter_map(|h| h.join().ok().flatten())
+                                .collect()
+                        });
                     }
                     Action::Finish => {}
                 }

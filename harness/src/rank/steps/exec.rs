@@ -661,7 +661,7 @@ fn interface_of(ip: std::net::IpAddr) -> Option<String> {
 /// ends it: a hang is evidence like any other.
 fn hang_evidence(ctx: &Ctx, role: &str, proc: &External) {
     for pid in procfs::process_tree(proc.pid()) {
-        let stacks = procfs::capture_stacks(pid, Duration::from_secs(10));
+        let stacks = procfs::capture_stacks(pid, Some(Duration::from_secs(10)));
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         eprintln!(
             "[exec {role} rank {}] stacks of pid {pid} ({}) before the harness ends it:\n{stacks}",
