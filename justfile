@@ -118,10 +118,11 @@ mutants *args="": build-deps (apt "strace")
         --timeout 300 --output mutants.out {{args}}
     # (nextest: the fd and thread counting tests need a process of their own.)
 
-# Fuzz the frame decoder (not part of CI). cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
-fuzz seconds="60":
+# Fuzz the frame decoder, the scenario and host-profile parsers and the rank messages the coordinator reads (not part of CI). cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them. `runs` caps executions per target.
+fuzz seconds="60" runs="10000000":
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-    cd transport/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame_decoder -- -max_total_time={{seconds}}
+    cd transport/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame_decoder -- -max_total_time={{seconds}} -runs={{runs}}
+    cd harness/fuzz && for t in scenario_parser profile_parser rank_messages; do RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none $t -- -max_total_time={{seconds}} -runs={{runs}} || exit 1; done
 
 # What the build needs beyond Rust: the RDMA binding (sideway) builds a small rdma-core shim with cmake and bindgen (libclang).
 [private]

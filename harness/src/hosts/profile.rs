@@ -166,17 +166,24 @@ impl HostProfile {
 
 pub fn load(path: &Path) -> Result<HostProfile, InputError> {
     let text = crate::model::input::read_text(path)?;
-    let mut p: HostProfile = crate::model::input::parse_yaml(path, &text)?;
+    let mut p = parse(path, &text)?;
+    if let Some(f) = &p.known_failures_file {
+        let f = path.parent().unwrap_or(Path::new(".")).join(f);
+        p.known.extend(known::load(&f)?);
+    }
+    Ok(p)
+}
+
+/// Parse and check a profile's text (`path` names it in errors); files it refers to are not
+/// read.
+pub fn parse(path: &Path, text: &str) -> Result<HostProfile, InputError> {
+    let mut p: HostProfile = crate::model::input::parse_yaml(path, text)?;
     p.file = path.to_owned();
     check(path, &p)?;
     for k in &p.known_failures {
         known::check(&k.value).map_err(|why| located(path, &k.referenced, why))?;
     }
     p.known = p.known_failures.iter().map(|k| k.value.clone()).collect();
-    if let Some(f) = &p.known_failures_file {
-        let f = path.parent().unwrap_or(Path::new(".")).join(f);
-        p.known.extend(known::load(&f)?);
-    }
     Ok(p)
 }
 

@@ -257,7 +257,15 @@ impl<S: Clone> Loaded<S> {
 /// Parse and check one scenario file.
 pub fn load<S: StepSpec + Named + DeserializeOwned>(path: &Path) -> Result<Loaded<S>, InputError> {
     let text = super::input::read_text(path)?;
-    let scenario: Scenario<S> = super::input::parse_yaml(path, &text)?;
+    parse(path, &text)
+}
+
+/// Parse and check a scenario's text (`path` names it in errors).
+pub fn parse<S: StepSpec + Named + DeserializeOwned>(
+    path: &Path,
+    text: &str,
+) -> Result<Loaded<S>, InputError> {
+    let scenario: Scenario<S> = super::input::parse_yaml(path, text)?;
     check(path, &scenario)?;
     Ok(Loaded {
         path: path.to_owned(),

@@ -184,6 +184,11 @@ pub fn load(path: &std::path::Path) -> Result<Loaded, InputError> {
     scenario::load::<Step>(path)
 }
 
+/// Parse and check a scenario's text against the registry (`path` names it in errors).
+pub fn parse(path: &std::path::Path, text: &str) -> Result<Loaded, InputError> {
+    scenario::parse::<Step>(path, text)
+}
+
 /// Run one step on this rank and check that its evidence is what the kind declared.
 pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
     let mut report = StepReport::new(index);

@@ -1,0 +1,9 @@
+//! Any text as a host profile: parsed and checked, or refused with a located error; never a
+//! panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|text: &str| {
+    let _ = harness::hosts::profile::parse(std::path::Path::new("hosts/fuzz.yaml"), text);
+});
