@@ -100,7 +100,7 @@ fn a_killed_server_is_noticed_and_timed_per_survivor() {
     let log = rank_log(&r, 1);
     assert!(log.contains("[exec client rank 1 +"), "{log}");
     assert!(log.contains("out] rounds=5"), "{log}");
-    assert!(rank_log(&r, 0).contains("fault: SIGKILL"));
+    assert!(rank_log(&r, 0).contains("fault: Sigkill"));
     assert!(left_behind("death").is_empty());
 }
 
