@@ -243,7 +243,8 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // A message may quote the input (a field name, a path): never raw to the terminal.
+            eprintln!("error: {}", printable(&format!("{e:#}")));
             // Bad input (files, YAML, schema) is exit 2; anything else is a failure.
             let bad_input = e.downcast_ref::<InputError>().is_some()
                 || e.downcast_ref::<clap::Error>().is_some();
@@ -318,7 +319,7 @@ fn validate(paths: &[PathBuf]) -> anyhow::Result<i32> {
             Ok(()) => harness::say!("ok   {}", f.display()),
             Err(e) => {
                 bad += 1;
-                eprintln!("error: {e}");
+                eprintln!("error: {}", printable(&e.to_string()));
             }
         }
     }

@@ -257,3 +257,13 @@ fn a_threshold_that_is_not_a_finite_fraction_is_refused() {
         );
     }
 }
+
+#[test]
+fn an_error_that_quotes_the_input_never_writes_a_control_character_raw() {
+    let yaml = scenario("10s", "stall: { duration: 1s, deadline: 5s }")
+        .replace("ranks: 2", "ranks: 2\n\"\\e]0;pwned\\a\": 1");
+    let (code, err) = validate("ctl", &yaml);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("s.yaml:"), "{err}");
+    assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
+}
