@@ -216,6 +216,14 @@ fn eight_hung_ranks_are_frozen_at_once_and_their_stacks_read_in_parallel() {
     assert!(processes_with(&m).is_empty(), "ranks outlived the run");
 }
 
+/// The rendezvous address a rank was started with (its `--rendezvous` argument).
+fn rendezvous_of(rank: u32) -> String {
+    let cmdline =
+        String::from_utf8(std::fs::read(format!("/proc/{rank}/cmdline")).unwrap()).unwrap();
+    let args: Vec<&str> = cmdline.split('\0').collect();
+    args[args.iter().position(|a| *a == "--rendezvous").unwrap() + 1].to_string()
+}
+
 /// Wait (bounded) until a run's ranks exist; returns their pids.
 fn wait_for_ranks(m: &str, n: usize) -> Vec<u32> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -296,12 +304,8 @@ fn rendezvous_connection_with_a_wrong_token_is_rejected() {
             dir.to_str().unwrap(),
         ],
     );
-    let rank = wait_for_ranks(&m, 1)[0];
-    let cmdline =
-        String::from_utf8(std::fs::read(format!("/proc/{rank}/cmdline")).unwrap()).unwrap();
-    let args: Vec<&str> = cmdline.split('\0').collect();
-    let addr = args[args.iter().position(|a| *a == "--rendezvous").unwrap() + 1];
-    let mut intruder = std::net::TcpStream::connect(addr).unwrap();
+    let addr = rendezvous_of(wait_for_ranks(&m, 1)[0]);
+    let mut intruder = std::net::TcpStream::connect(&addr).unwrap();
     writeln!(
         intruder,
         r#"{{"type":"hello","rank":0,"token":"00000000000000000000000000000000","pid":1}}"#
@@ -332,11 +336,7 @@ fn a_stranger_dribbling_bytes_into_the_rendezvous_cannot_hold_the_run_open() {
             dir.to_str().unwrap(),
         ],
     );
-    let rank = wait_for_ranks(&m, 1)[0];
-    let cmdline =
-        String::from_utf8(std::fs::read(format!("/proc/{rank}/cmdline")).unwrap()).unwrap();
-    let args: Vec<&str> = cmdline.split('\0').collect();
-    let addr = args[args.iter().position(|a| *a == "--rendezvous").unwrap() + 1].to_string();
+    let addr = rendezvous_of(wait_for_ranks(&m, 1)[0]);
     // Forty strangers, each sending a byte every 2 s and never a newline, until cut off.
     let dribblers: Vec<_> = (0..40)
         .map(|_| {

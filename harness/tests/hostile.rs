@@ -6,10 +6,15 @@ use std::process::Command;
 const WRINGER: &str = env!("CARGO_BIN_EXE_wringer");
 
 fn validate(tag: &str, yaml: &str) -> (i32, String) {
+    validate_at(tag, "s.yaml", yaml)
+}
+
+/// Write `text` to `name` (a path under a fresh folder) and run `wringer validate` on it.
+fn validate_at(tag: &str, name: &str, text: &str) -> (i32, String) {
     let dir = std::env::temp_dir().join(format!("wringer-hostile-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("s.yaml");
-    std::fs::write(&file, yaml).unwrap();
+    let file = dir.join(name);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, text).unwrap();
     let out = Command::new(WRINGER)
         .arg("validate")
         .arg(&file)
@@ -98,24 +103,10 @@ fn a_name_that_would_leave_the_report_folder_is_a_located_error() {
 }
 
 fn profile(tag: &str, hosts: &str, addr: &str) -> (i32, String) {
-    let dir = std::env::temp_dir().join(format!("wringer-hostile-p-{tag}-{}", std::process::id()));
-    let hosts_dir = dir.join("hosts");
-    std::fs::create_dir_all(&hosts_dir).unwrap();
-    let file = hosts_dir.join("pair.yaml");
     let yaml = format!(
         "name: pair\ndescription: d\nkind: ssh\ncoordinator_addr: \"{addr}\"\nhosts:\n{hosts}"
     );
-    std::fs::write(&file, yaml).unwrap();
-    let out = Command::new(WRINGER)
-        .arg("validate")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    validate_at(&format!("p-{tag}"), "hosts/pair.yaml", &yaml)
 }
 
 #[test]

@@ -6,6 +6,14 @@ use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+/// How a missing program is named in its skip or error: `NAME (Debian package PKG)`.
+pub fn missing(name: &str, package: Option<&str>) -> String {
+    match package {
+        Some(p) => format!("{name} (Debian package {p})"),
+        None => name.to_string(),
+    }
+}
+
 /// The folder of shipped programs on a remote host, beside the deployed binary.
 pub fn remote_folder(remote_exe: &str) -> String {
     let dir = Path::new(remote_exe)

@@ -282,11 +282,9 @@ impl RankGroup {
         if let Placement::Remote { hosts, .. } = &self.placement {
             for (i, h) in hosts.iter().enumerate() {
                 let groups: Vec<String> = self
-                    .procs
+                    .pids_on(i)
                     .iter()
-                    .enumerate()
-                    .filter(|(r, _)| self.placement.host_of(*r as u32) == i)
-                    .filter_map(|(_, p)| p.remote_pid.map(|pid| format!("-{pid}")))
+                    .map(|pid| format!("-{pid}"))
                     .collect();
                 if !groups.is_empty() {
                     // A traced rank leads its own group; its strace (the parent) goes too.
@@ -344,13 +342,7 @@ impl RankGroup {
         let needle = format!("--rendezvous {}", self.rendezvous);
         let mut left = vec![];
         for (i, h) in hosts.iter().enumerate() {
-            let groups: Vec<String> = self
-                .procs
-                .iter()
-                .enumerate()
-                .filter(|(r, _)| self.placement.host_of(*r as u32) == i)
-                .filter_map(|(_, p)| p.remote_pid.map(|pid| pid.to_string()))
-                .collect();
+            let groups: Vec<String> = self.pids_on(i).iter().map(u32::to_string).collect();
             match h.target.check(
                 &["ps", "-eo", "pid,pgid,stat,args"],
                 Duration::from_secs(60),
@@ -378,6 +370,16 @@ impl RankGroup {
 }
 
 impl RankGroup {
+    /// The PIDs (each leads its process group) of the ranks on remote host `host`.
+    fn pids_on(&self, host: usize) -> Vec<u32> {
+        self.procs
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| self.placement.host_of(*r as u32) == host)
+            .filter_map(|(_, p)| p.remote_pid)
+            .collect()
+    }
+
     fn local_leftovers(&self) -> Vec<String> {
         if self.pgid <= 0 {
             return vec![];

@@ -35,20 +35,13 @@ pub fn unmet(needs: &[Preflight], placement: &Placement) -> Option<SkipReason> {
     None
 }
 
-fn missing(name: &str, package: &Option<String>) -> String {
-    match package {
-        Some(p) => format!("{name} (Debian package {p})"),
-        None => name.to_string(),
-    }
-}
-
 fn local(need: &Preflight) -> Result<(), String> {
     match need {
         Preflight::Program { name, package } => {
             if crate::hosts::programs::runnable(name) {
                 Ok(())
             } else {
-                Err(missing(name, package))
+                Err(programs::missing(name, package.as_deref()))
             }
         }
         Preflight::Check { command, reason } => {
@@ -79,7 +72,7 @@ fn remote(need: &Preflight, host: &RemoteHost) -> Result<(), String> {
                 name,
                 &shipped,
             ],
-            missing(name, package),
+            programs::missing(name, package.as_deref()),
         ),
         Preflight::Check { command, reason } => (
             command.iter().map(String::as_str).collect(),

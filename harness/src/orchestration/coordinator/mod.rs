@@ -318,7 +318,7 @@ fn drive(
                     } => {
                         // The fault's time is when it starts: a host kill takes effect
                         // while `docker kill` is still running.
-                        let at_us = crate::rank::steps::wall_now_us();
+                        let at_us = crate::rank::steps::wall_us(Instant::now());
                         let result = apply_fault(action, rank, group, plan.placement)
                             .map_err(|e| format!("{e:#}"));
                         if result.is_ok() {

@@ -623,11 +623,8 @@ fn ready_command(words: &[String], values: &Values) -> Result<bool> {
 
 fn missing(program: &str, role: &Role) -> anyhow::Error {
     anyhow::anyhow!(
-        "missing-program: {program}{}",
-        role.package
-            .as_deref()
-            .map(|pkg| format!(" (Debian package {pkg})"))
-            .unwrap_or_default()
+        "missing-program: {}",
+        programs::missing(program, role.package.as_deref())
     )
 }
 

@@ -4,6 +4,7 @@
 //! its [`StepKind`] implementation and its unit tests, plus one line in [`registry!`] below.
 
 mod external;
+pub use external::wall_us;
 mod gpu_support;
 mod raw_peer;
 pub mod rdma_support;
@@ -51,15 +52,6 @@ pub struct StruckFault {
     pub rank: u32,
     pub action: crate::model::scenario::FaultAction,
     pub at_us: u64,
-}
-
-/// Microseconds since the Unix epoch: the clock ranks on one host, and hosts kept in step by
-/// NTP, share, so one rank's fault can be related to another's detection.
-pub fn wall_now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros() as u64
 }
 
 /// What the coordinator derived from every rank's report of one step.
