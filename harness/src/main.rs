@@ -75,9 +75,15 @@ enum Command {
     /// Measure the transport and the coordinator against the reference tools (sockperf,
     /// iperf3) in one run; prints a ratio table and writes bench.json and bench.md.
     Bench {
-        /// Seconds per latency or bandwidth measurement, the same for every tool.
-        #[arg(long, default_value_t = 3)]
+        /// Seconds each side runs per latency round (ours and the reference alternate).
+        #[arg(long, default_value_t = 1)]
         seconds: u64,
+        /// Fewer rounds (7 kept) and measures, for CI.
+        #[arg(long)]
+        quick: bool,
+        /// An earlier bench.json: show how far each ratio moved since (more than 15% is marked).
+        #[arg(long)]
+        against: Option<PathBuf>,
         /// Where bench.json and bench.md go.
         #[arg(long, default_value = "reports/bench")]
         out: PathBuf,
@@ -201,19 +207,41 @@ fn main() -> ExitCode {
         Command::Validate { paths } => validate(&paths),
         Command::Bench {
             seconds,
+            quick,
+            against,
             out,
             ranks,
             rdma_only,
         } => (|| {
+            // Read first: a missing or broken earlier report is an input error before any work.
+            use anyhow::Context as _;
+            let earlier: Option<bench::BenchReport> = match &against {
+                Some(p) => Some(
+                    serde_json::from_slice(
+                        &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+                    )
+                    .with_context(|| format!("{} is not a bench.json", p.display()))?,
+                ),
+                None => None,
+            };
             let opts = bench::BenchOptions {
                 seconds,
+                quick,
                 out_dir: out.clone(),
                 ranks,
                 rdma_only,
             };
             let report = bench::run(&opts)?;
-            harness::say!("{}", bench::markdown(&report).trim_end());
-            bench::write(&report, &out)?;
+            let mut text = bench::markdown(&report);
+            if let (Some(earlier), Some(p)) = (&earlier, &against) {
+                let (table, over) = bench::drift_markdown(&bench::drift(earlier, &report), 0.15);
+                text.push_str(&format!(
+                    "\n## Against {}\n\n{table}\n{over} row(s) moved by more than 15%.\n",
+                    p.display()
+                ));
+            }
+            harness::say!("{}", text.trim_end());
+            bench::write(&report, &text, &out)?;
             harness::say!("written: {}/bench.json, bench.md", out.display());
             Ok(0)
         })(),

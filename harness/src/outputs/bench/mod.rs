@@ -1,7 +1,9 @@
 //! `wringer bench`: our transport and coordinator against the reference tools, in the same run
-//! on the same sizes, reported as ours, theirs and the ratio (Markdown and JSON). Benchmarks
-//! never fail a build; a goal that is missed is reported as missed.
+//! on the same sizes, alternating in rounds (see [`method`]), reported as ours, theirs and the
+//! median ratio with its spread (Markdown and JSON, every round kept raw). Benchmarks never fail
+//! a build; a goal that is missed is reported as missed.
 
+mod method;
 mod ours;
 mod reference;
 
@@ -11,9 +13,13 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
+pub use method::{Method, Placement, Round, Sample, UNSTABLE_SPREAD};
+
 pub struct BenchOptions {
-    /// Seconds per latency or bandwidth measurement (each tool gets the same).
+    /// Seconds each side runs per latency round (sockperf's smallest run is one second).
     pub seconds: u64,
+    /// Fewer rounds and measures, for CI.
+    pub quick: bool,
     pub out_dir: PathBuf,
     /// Rank counts for the coordinator start-up measurement.
     pub ranks: Vec<u32>,
@@ -25,11 +31,26 @@ pub struct BenchOptions {
 pub struct Row {
     pub measure: String,
     pub unit: String,
+    /// Our median over the kept rounds (or our single figure, for rows without a reference).
     pub ours: Option<f64>,
     pub reference: Option<f64>,
     pub tool: Option<String>,
-    /// ours / reference.
+    /// The median of the per-round ratios ours / reference.
     pub ratio: Option<f64>,
+    /// Interquartile range of the per-round ratios over their median.
+    #[serde(default)]
+    pub spread: Option<f64>,
+    /// The spread is wider than [`UNSTABLE_SPREAD`]: this row's ratio is not to be trusted.
+    #[serde(default)]
+    pub unstable: bool,
+    /// Median p99 of each side, for latency rows.
+    #[serde(default)]
+    pub ours_p99: Option<f64>,
+    #[serde(default)]
+    pub reference_p99: Option<f64>,
+    /// Every kept round, raw.
+    #[serde(default)]
+    pub rounds: Vec<Round>,
     pub goal: Option<String>,
     pub met: Option<bool>,
     /// Why this row has no numbers.
@@ -38,7 +59,19 @@ pub struct Row {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct BenchReport {
-    pub seconds_per_measure: u64,
+    /// Seconds each side runs per latency round.
+    #[serde(alias = "seconds_per_measure")]
+    pub seconds_per_round: u64,
+    /// Rounds kept per compared measure, and warm-up rounds discarded before them.
+    #[serde(default)]
+    pub rounds: usize,
+    #[serde(default)]
+    pub warmup_rounds: usize,
+    /// CPUs of the server and client ends, both sides alike (`None`: not pinned).
+    #[serde(default)]
+    pub placement: Option<Placement>,
+    #[serde(default)]
+    pub quick: bool,
     pub rows: Vec<Row>,
 }
 
@@ -49,193 +82,272 @@ enum Goal {
     ValueAtMost(f64),
 }
 
-/// The p50 and p99 rows (µs) of one latency measurement against its reference tool, whose
-/// goal is a ratio of at most `goal`; an error on either side lands in both rows.
-fn latency_rows(
-    rows: &mut Vec<Row>,
-    [p50, p99]: [String; 2],
-    ours: Result<(f64, f64)>,
-    (theirs, tool): (Result<(f64, f64), String>, &str),
-    goal: f64,
-) {
-    let (o50, o99) = match &ours {
-        Ok((a, b)) => (Ok(*a), Ok(*b)),
-        Err(e) => (Err(anyhow::anyhow!("{e:#}")), Err(anyhow::anyhow!("{e:#}"))),
-    };
-    let (t50, t99) = match theirs {
-        Ok((a, b)) => (Ok(a), Ok(b)),
-        Err(e) => (Err(e.clone()), Err(e)),
-    };
-    let goal = Some(Goal::RatioAtMost(goal));
-    rows.push(row(p50, "µs", o50, Some((t50, tool)), goal));
-    rows.push(row(p99, "µs", o99, Some((t99, tool)), goal));
+impl Goal {
+    fn text(self, unit: &str) -> String {
+        match self {
+            Goal::RatioAtMost(g) => format!("≤ {g:.2}×"),
+            Goal::RatioAtLeast(g) => format!("≥ {g:.2}×"),
+            Goal::ValueAtMost(g) => format!("≤ {g} {unit}"),
+        }
+    }
+
+    fn met(self, ours: Option<f64>, ratio: Option<f64>) -> Option<bool> {
+        match self {
+            Goal::RatioAtMost(g) => ratio.map(|r| r <= g),
+            Goal::RatioAtLeast(g) => ratio.map(|r| r >= g),
+            Goal::ValueAtMost(g) => ours.map(|o| o <= g),
+        }
+    }
 }
 
-fn row(
+/// A row measured against a reference tool in alternating rounds.
+fn compared(
     measure: String,
-    unit: &'static str,
-    ours: Result<f64>,
-    theirs: Option<(Result<f64, String>, &str)>,
+    unit: &str,
+    tool: &str,
     goal: Option<Goal>,
+    rounds: Result<Vec<Round>, method::Failed>,
 ) -> Row {
-    let (ours, mut skipped) = match ours {
+    let mut row = Row {
+        measure,
+        unit: unit.to_string(),
+        ours: None,
+        reference: None,
+        tool: Some(tool.to_string()),
+        ratio: None,
+        spread: None,
+        unstable: false,
+        ours_p99: None,
+        reference_p99: None,
+        rounds: vec![],
+        goal: goal.map(|g| g.text(unit)),
+        met: None,
+        skipped: None,
+    };
+    let rounds = match rounds {
+        Ok(r) => r,
+        Err(method::Failed::Ours(e)) => {
+            row.skipped = Some(format!("ours failed: {e}"));
+            return row;
+        }
+        Err(method::Failed::Reference(e)) => {
+            row.skipped = Some(e);
+            return row;
+        }
+    };
+    let of = |f: &dyn Fn(&Round) -> Option<f64>| {
+        method::median(&rounds.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    row.ours = of(&|r| Some(r.ours.value));
+    row.reference = of(&|r| Some(r.reference.value));
+    row.ours_p99 = of(&|r| r.ours.p99);
+    row.reference_p99 = of(&|r| r.reference.p99);
+    let ratios: Vec<f64> = rounds.iter().map(|r| r.ratio).collect();
+    row.ratio = method::median(&ratios);
+    row.spread = method::spread(&ratios);
+    row.unstable = row.spread.is_some_and(|s| s > UNSTABLE_SPREAD);
+    row.met = goal.and_then(|g| g.met(row.ours, row.ratio));
+    row.rounds = rounds;
+    row
+}
+
+/// A row of ours alone (no reference tool measures it).
+fn alone(measure: String, unit: &str, ours: Result<f64>, goal: Option<Goal>) -> Row {
+    let (ours, skipped) = match ours {
         Ok(v) => (Some(v), None),
         Err(e) => (None, Some(format!("ours failed: {e:#}"))),
-    };
-    let (reference, tool) = match theirs {
-        Some((Ok(v), tool)) => (Some(v), Some(tool.to_string())),
-        Some((Err(why), tool)) => {
-            skipped.get_or_insert(why);
-            (None, Some(tool.to_string()))
-        }
-        None => (None, None),
-    };
-    let ratio = ours.zip(reference).map(|(o, r)| o / r);
-    let (goal_text, met) = match goal {
-        Some(Goal::RatioAtMost(g)) => (Some(format!("≤ {g:.2}×")), ratio.map(|r| r <= g)),
-        Some(Goal::RatioAtLeast(g)) => (Some(format!("≥ {g:.2}×")), ratio.map(|r| r >= g)),
-        Some(Goal::ValueAtMost(g)) => (Some(format!("≤ {g} {unit}")), ours.map(|o| o <= g)),
-        None => (None, None),
     };
     Row {
         measure,
         unit: unit.to_string(),
         ours,
-        reference,
-        tool,
-        ratio,
-        goal: goal_text,
-        met,
+        reference: None,
+        tool: None,
+        ratio: None,
+        spread: None,
+        unstable: false,
+        ours_p99: None,
+        reference_p99: None,
+        rounds: vec![],
+        goal: goal.map(|g| g.text(unit)),
+        met: goal.and_then(|g| g.met(ours, None)),
         skipped,
     }
 }
 
-/// RDMA against perftest, same host, same sizes: measured where this host has an active RoCE
-/// interface (inside the rxe VM: `just bench-rdma`), otherwise skipped with the reason.
-fn rdma_rows() -> Vec<Row> {
+fn skipped_row(measure: &str, why: &str) -> Row {
+    let mut row = alone(measure.into(), "", Ok(0.0), None);
+    row.ours = None;
+    row.skipped = Some(why.into());
+    row
+}
+
+/// A reference server that could not start fails every round of its measure alike.
+fn serving<S>(server: &Result<S, String>) -> Result<&S, String> {
+    server.as_ref().map_err(Clone::clone)
+}
+
+/// RDMA against perftest, same host, same sizes, same iteration counts, in alternating rounds:
+/// measured where this host has an active RoCE interface (inside the rxe VM: `just
+/// bench-rdma`), otherwise skipped with the reason.
+fn rdma_rows(method: Method) -> Vec<Row> {
     let Some((dev, port, gid)) = crate::rank::steps::rdma_support::local_gid() else {
-        return ["RDMA SEND ping-pong", "RDMA WRITE bandwidth"]
-            .into_iter()
-            .map(|m| Row {
-                measure: m.into(),
-                unit: String::new(),
-                ours: None,
-                reference: None,
-                tool: None,
-                ratio: None,
-                goal: None,
-                met: None,
-                skipped: Some(
-                    "no RDMA device here: run `just bench-rdma` (the bench inside the rxe VM)"
-                        .into(),
-                ),
-            })
-            .collect();
+        let why = "no RDMA device here: run `just bench-rdma` (the bench inside the rxe VM)";
+        return vec![
+            skipped_row("RDMA SEND ping-pong", why),
+            skipped_row("RDMA WRITE bandwidth", why),
+        ];
     };
-    let ip = crate::rank::steps::rdma_support::local_address().expect("a GID implies an address");
-    let mut rows = vec![];
-    let iters = 200;
-    for size in [64usize, 4096, 65536] {
-        let perftest = reference::Perftest {
-            dev: &dev,
-            port,
-            gid,
-            ip: &ip.to_string(),
-            size,
-            iters,
-        };
-        latency_rows(
-            &mut rows,
-            [
-                format!(
-                    "RDMA SEND ping-pong {} p50 (ib_send_lat: typical)",
-                    human(size)
-                ),
-                format!("RDMA SEND ping-pong {} p99", human(size)),
-            ],
-            ours::rdma_pingpong(ip, size, iters),
-            (reference::ib_send_lat(&perftest), "ib_send_lat"),
-            1.10,
-        );
-    }
-    let size = 65536;
-    let ours = ours::rdma_write_bw(ip, size, 1000);
-    let theirs = reference::ib_write_bw(&reference::Perftest {
+    let Some(ip) = crate::rank::steps::rdma_support::local_address() else {
+        return vec![skipped_row(
+            "RDMA",
+            "the RDMA device has no IPv4 address to rendezvous on",
+        )];
+    };
+    let ip_text = ip.to_string();
+    let perftest = |size, iters| reference::Perftest {
         dev: &dev,
         port,
         gid,
-        ip: &ip.to_string(),
+        ip: &ip_text,
         size,
-        iters: 1000,
-    });
-    rows.push(row(
+        iters,
+    };
+    let mut rows = vec![];
+    let iters = 200;
+    for size in [64usize, 4096, 65536] {
+        rows.push(compared(
+            format!("RDMA SEND ping-pong {} p50", human(size)),
+            "µs",
+            "ib_send_lat (typical)",
+            Some(Goal::RatioAtMost(1.10)),
+            method::alternate(
+                method,
+                || ours::rdma_pingpong(ip, size, iters),
+                || reference::ib_send_lat(&perftest(size, iters)),
+            ),
+        ));
+    }
+    let (size, iters) = (65536, 1000);
+    rows.push(compared(
         format!("RDMA WRITE bandwidth, {} messages", human(size)),
         "Gbit/s",
-        ours,
-        Some((theirs, "ib_write_bw")),
-        Some(Goal::RatioAtLeast(0.90)),
+        "ib_write_bw",
+        Some(Goal::RatioAtLeast(0.95)),
+        method::alternate(
+            method,
+            || ours::rdma_write_bw(ip, size, iters),
+            || reference::ib_write_bw(&perftest(size, iters)),
+        ),
     ));
     rows
 }
 
-pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
-    if opts.rdma_only {
-        return Ok(BenchReport {
-            seconds_per_measure: opts.seconds,
-            rows: rdma_rows(),
-        });
-    }
+/// The TCP rows: ping-pong latency against sockperf (blocking, then both sides busy-polling)
+/// and one stream against iperf3.
+fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<Placement>) -> Vec<Row> {
     let run = Duration::from_secs(opts.seconds.max(1));
+    let sizes: &[usize] = if opts.quick {
+        &[64, 4096, 65536]
+    } else {
+        &[64, 4096, 65536, 1 << 20]
+    };
     let mut rows = vec![];
-    for size in [64usize, 4096, 65536, 1 << 20] {
+    let server = reference::sockperf_server(false, cpus);
+    for &size in sizes {
         let tool = if size > reference::SOCKPERF_MAX {
             "sockperf (1 MiB − 1 B, its largest)"
         } else {
             "sockperf"
         };
-        latency_rows(
-            &mut rows,
-            [
-                format!("TCP ping-pong {} p50", human(size)),
-                format!("TCP ping-pong {} p99", human(size)),
-            ],
-            ours::pingpong(size, run, None),
-            (reference::sockperf_pingpong(size, run), tool),
-            1.05,
-        );
+        rows.push(compared(
+            format!("TCP ping-pong {} p50", human(size)),
+            "µs",
+            tool,
+            Some(Goal::RatioAtMost(1.10)),
+            method::alternate(
+                method,
+                || ours::pingpong(size, run, None, cpus),
+                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+            ),
+        ));
     }
-    // The receiver thread hands frames over; a sleeping caller pays a wake-up per message.
-    // Spinning briefly removes it, at the price of a busy core: shown separately, never mixed.
-    let spin = Duration::from_micros(50);
-    for size in [64usize, 4096] {
-        let ours = ours::pingpong(size, run, Some(spin)).map(|(p50, _)| p50);
-        let theirs = reference::sockperf_pingpong(size, run).map(|(p50, _)| p50);
-        rows.push(row(
+    // Where the time goes: the same frames on the same placement, decoded by the caller itself.
+    // What this row saves against the one above is the receiver thread's hand-off.
+    for &size in &sizes[..3] {
+        rows.push(compared(
             format!(
-                "TCP ping-pong {} p50, busy-poll 50 µs (sockperf blocking)",
+                "TCP ping-pong {} p50, our frames without the receiver thread (profile)",
                 human(size)
             ),
             "µs",
-            ours,
-            Some((theirs, "sockperf")),
+            "sockperf",
             None,
+            method::alternate(
+                method,
+                || ours::pingpong_inline(size, run, cpus),
+                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+            ),
         ));
     }
-    let ours_bw = ours::bandwidth(run);
-    let iperf = reference::iperf3_bandwidth(run);
-    rows.push(row(
-        "TCP stream, 1 MiB messages".into(),
+    drop(server);
+    // Like for like: our ends spin before they sleep; sockperf's poll with a zero timeout.
+    let spin = Duration::from_millis(1);
+    let server = reference::sockperf_server(true, cpus);
+    for &size in &sizes[..3] {
+        rows.push(compared(
+            format!("TCP ping-pong {} p50, busy-poll", human(size)),
+            "µs",
+            "sockperf --timeout 0",
+            Some(Goal::RatioAtMost(1.05)),
+            method::alternate(
+                method,
+                || ours::pingpong(size, run, Some(spin), cpus),
+                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+            ),
+        ));
+    }
+    drop(server);
+    let (size, messages) = (1 << 20, if opts.quick { 1024 } else { 2048 });
+    let server = reference::iperf3_server(cpus);
+    rows.push(compared(
+        format!("TCP stream, {} messages", human(size)),
         "Gbit/s",
-        ours_bw,
-        Some((iperf, "iperf3")),
+        "iperf3",
         Some(Goal::RatioAtLeast(0.95)),
+        method::alternate(
+            method,
+            || ours::bandwidth(size, messages, cpus),
+            || reference::iperf3_round(serving(&server)?, size, messages),
+        ),
     ));
-    rows.extend(rdma_rows());
-    rows.push(row(
+    rows
+}
+
+pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
+    let method = if opts.quick {
+        Method::QUICK
+    } else {
+        Method::FULL
+    };
+    let placement = Placement::detect();
+    let report = |rows| BenchReport {
+        seconds_per_round: opts.seconds,
+        rounds: method.rounds,
+        warmup_rounds: method.warmup,
+        placement,
+        quick: opts.quick,
+        rows,
+    };
+    if opts.rdma_only {
+        return Ok(report(rdma_rows(method)));
+    }
+    let mut rows = tcp_rows(opts, method, placement);
+    rows.extend(rdma_rows(method));
+    rows.push(alone(
         "teardown cycles per second".into(),
         "cycles/s",
-        ours::teardown_rate(2000),
-        None,
+        ours::teardown_rate(if opts.quick { 500 } else { 2000 }),
         None,
     ));
     let logs = opts.out_dir.join("bench-logs");
@@ -246,11 +358,10 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             startup.push((n, *v));
         }
         let goal = (n == 8).then_some(Goal::ValueAtMost(50.0));
-        rows.push(row(
+        rows.push(alone(
             format!("coordinator: start {n} ranks + rendezvous"),
             "ms",
             t,
-            None,
             goal,
         ));
     }
@@ -262,24 +373,52 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
             // Linear growth: time per rank stays flat. Report the per-rank cost at both ends.
             let per_rank = |t: f64, n: u32| t / n as f64;
             let growth = per_rank(t1, n1) / per_rank(t0, n0);
-            rows.push(Row {
-                measure: format!("coordinator: per-rank cost at {n1} vs {n0} ranks"),
-                unit: "×".into(),
-                ours: Some(growth),
-                reference: None,
-                tool: None,
-                ratio: None,
-                goal: Some("≤ 1.5× (linear)".into()),
-                met: Some(growth <= 1.5),
-                skipped: None,
-            });
+            let mut row = alone(
+                format!("coordinator: per-rank cost at {n1} vs {n0} ranks"),
+                "×",
+                Ok(growth),
+                None,
+            );
+            row.goal = Some("≤ 1.5× (linear)".into());
+            row.met = Some(growth <= 1.5);
+            rows.push(row);
         }
     }
     let _ = std::fs::remove_dir_all(&logs);
-    Ok(BenchReport {
-        seconds_per_measure: opts.seconds,
-        rows,
-    })
+    Ok(report(rows))
+}
+
+/// How far each compared row's median ratio moved from an earlier run's: (measure, earlier,
+/// now, |now / earlier − 1|), for the rows both runs measured.
+pub fn drift(earlier: &BenchReport, now: &BenchReport) -> Vec<(String, f64, f64, f64)> {
+    now.rows
+        .iter()
+        .filter_map(|row| {
+            let then = earlier.rows.iter().find(|r| r.measure == row.measure)?;
+            let (a, b) = (then.ratio?, row.ratio?);
+            Some((row.measure.clone(), a, b, (b / a - 1.0).abs()))
+        })
+        .collect()
+}
+
+/// The drift table in Markdown, and how many rows moved by more than `limit`.
+pub fn drift_markdown(rows: &[(String, f64, f64, f64)], limit: f64) -> (String, usize) {
+    let mut s =
+        String::from("| measure | earlier ratio | this ratio | moved |\n|---|---|---|---|\n");
+    let mut over = 0;
+    for (m, a, b, d) in rows {
+        let flag = if *d > limit {
+            over += 1;
+            " ❌"
+        } else {
+            ""
+        };
+        s.push_str(&format!(
+            "| {m} | {a:.2} | {b:.2} | {:.0}%{flag} |\n",
+            d * 100.0
+        ));
+    }
+    (s, over)
 }
 
 fn human(size: usize) -> String {
@@ -310,25 +449,50 @@ pub struct Cells {
 impl Row {
     pub fn cells(&self) -> Cells {
         let dash = || "–".to_string();
+        let with_p99 = |v: f64, p99: Option<f64>| match p99 {
+            Some(p) => format!("{} {} (p99 {})", num(v), self.unit, num(p)),
+            None => format!("{} {}", num(v), self.unit),
+        };
         Cells {
             ours: self
                 .ours
-                .map(|v| format!("{} {}", num(v), self.unit))
+                .map(|v| with_p99(v, self.ours_p99))
                 .unwrap_or_else(dash),
             reference: match (self.reference, &self.tool, &self.skipped) {
-                (Some(v), Some(t), _) => format!("{} {} ({t})", num(v), self.unit),
+                (Some(v), Some(t), _) => format!("{} ({t})", with_p99(v, self.reference_p99)),
                 (_, _, Some(why)) => format!("skipped: {why}"),
                 _ => dash(),
             },
-            ratio: self.ratio.map(|v| format!("{v:.2}")).unwrap_or_else(dash),
+            ratio: match (self.ratio, self.spread) {
+                (Some(r), Some(sp)) => format!(
+                    "{r:.2} ± {:.0}% over {} rounds{}",
+                    sp * 50.0,
+                    self.rounds.len(),
+                    if self.unstable { ", unstable" } else { "" }
+                ),
+                (Some(r), None) => format!("{r:.2}"),
+                _ => dash(),
+            },
             goal: self.goal.clone().map(|g| (g, self.met)),
         }
     }
 }
 
 pub fn markdown(r: &BenchReport) -> String {
-    let mut s =
-        String::from("| measure | wringer | reference | ratio | goal |\n|---|---|---|---|---|\n");
+    let placement = match r.placement {
+        Some(p) => format!(
+            "server ends on CPU {}, client ends on CPU {}",
+            p.server_cpu, p.client_cpu
+        ),
+        None => "not pinned".into(),
+    };
+    let mut s = format!(
+        "{} kept rounds per measure after {} discarded, {} s per side per latency round, \
+         ours and the reference alternating; {placement}. Ratio: median of the per-round \
+         ratios ± half their interquartile range.\n\n\
+         | measure | wringer | reference | ratio | goal |\n|---|---|---|---|---|\n",
+        r.rounds, r.warmup_rounds, r.seconds_per_round
+    );
     for row in &r.rows {
         let c = row.cells();
         let goal = match c.goal {
@@ -345,9 +509,125 @@ pub fn markdown(r: &BenchReport) -> String {
     s
 }
 
-pub fn write(r: &BenchReport, dir: &Path) -> Result<()> {
+/// bench.json (every round raw) and bench.md (`text`, the table and anything after it).
+pub fn write(r: &BenchReport, text: &str, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("bench.json"), serde_json::to_vec_pretty(r)?)?;
-    std::fs::write(dir.join("bench.md"), markdown(r))?;
+    std::fs::write(dir.join("bench.md"), text)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(ours: f64, reference: f64) -> Round {
+        let s = |v| Sample {
+            value: v,
+            p99: Some(v * 2.0),
+            count: Some(1000),
+        };
+        Round {
+            ours: s(ours),
+            reference: s(reference),
+            ratio: ours / reference,
+        }
+    }
+
+    fn report(rows: Vec<Row>) -> BenchReport {
+        BenchReport {
+            seconds_per_round: 1,
+            rounds: 7,
+            warmup_rounds: 1,
+            placement: None,
+            quick: false,
+            rows,
+        }
+    }
+
+    #[test]
+    fn a_compared_row_is_the_median_of_its_rounds_ratios_with_the_spread() {
+        // The reference drifts from 10 to 16 across the rounds; ours follows at 1.1×, with one
+        // round disturbed. The median ratio stays 1.1, which a ratio of medians would not give.
+        let rounds: Vec<Round> = (0..7)
+            .map(|i| {
+                let theirs = 10.0 + i as f64;
+                round(if i == 3 { theirs * 3.0 } else { theirs * 1.1 }, theirs)
+            })
+            .collect();
+        let row = compared(
+            "TCP ping-pong 64 B p50".into(),
+            "µs",
+            "sockperf",
+            Some(Goal::RatioAtMost(1.10)),
+            Ok(rounds),
+        );
+        assert!((row.ratio.unwrap() - 1.1).abs() < 1e-9);
+        assert!(row.spread.unwrap() < 0.01, "{:?}", row.spread);
+        assert!(!row.unstable);
+        assert_eq!(row.met, Some(true));
+        assert_eq!(row.rounds.len(), 7);
+        assert_eq!(row.reference, Some(13.0));
+        assert_eq!(row.reference_p99, Some(26.0));
+        let md = markdown(&report(vec![row]));
+        assert!(md.contains("1.10 ± 0% over 7 rounds"), "{md}");
+        assert!(md.contains("13.00 µs (p99 26.00) (sockperf)"), "{md}");
+    }
+
+    #[test]
+    fn a_row_whose_rounds_disagree_is_marked_unstable() {
+        let rounds = [1.0, 1.5, 0.7, 1.3, 0.8, 1.2, 0.9]
+            .iter()
+            .map(|&r| round(r * 10.0, 10.0))
+            .collect();
+        let row = compared("x".into(), "µs", "t", None, Ok(rounds));
+        assert!(row.unstable, "{:?}", row.spread);
+        assert!(markdown(&report(vec![row])).contains(", unstable"));
+    }
+
+    #[test]
+    fn a_failed_side_leaves_the_row_without_numbers_and_says_which() {
+        let row = compared(
+            "x".into(),
+            "µs",
+            "sockperf",
+            None,
+            Err(method::Failed::Reference(
+                "sockperf is not installed".into(),
+            )),
+        );
+        assert_eq!((row.ours, row.ratio), (None, None));
+        assert_eq!(row.skipped.as_deref(), Some("sockperf is not installed"));
+        let row = compared(
+            "x".into(),
+            "µs",
+            "sockperf",
+            None,
+            Err(method::Failed::Ours("refused".into())),
+        );
+        assert_eq!(row.skipped.as_deref(), Some("ours failed: refused"));
+    }
+
+    #[test]
+    fn drift_flags_rows_that_moved_more_than_the_limit() {
+        let row = |m: &str, r: f64| compared(m.into(), "µs", "t", None, Ok(vec![round(r, 1.0)]));
+        let a = report(vec![row("a", 1.0), row("b", 1.0), row("only-then", 1.0)]);
+        let b = report(vec![row("a", 1.1), row("b", 1.3), row("only-now", 1.0)]);
+        let d = drift(&a, &b);
+        assert_eq!(d.len(), 2);
+        let (table, over) = drift_markdown(&d, 0.15);
+        assert_eq!(over, 1);
+        assert!(table.contains("| b | 1.00 | 1.30 | 30% ❌ |"), "{table}");
+    }
+
+    #[test]
+    fn an_earlier_bench_json_without_rounds_still_reads() {
+        let old = r#"{"seconds_per_measure": 3, "rows": [{"measure": "m", "unit": "µs",
+            "ours": 1.0, "reference": 2.0, "tool": "sockperf", "ratio": 0.5, "goal": null,
+            "met": null, "skipped": null}]}"#;
+        let r: BenchReport = serde_json::from_str(old).unwrap();
+        assert_eq!(r.seconds_per_round, 3);
+        assert!(r.rows[0].rounds.is_empty());
+        assert_eq!(r.rows[0].cells().ratio, "0.50");
+    }
 }

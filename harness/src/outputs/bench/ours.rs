@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use transport::{Connection, ConnectionOptions};
 
+use super::method::{pin_this_thread, Placement, Sample};
 use crate::model::duration::Dur;
 use crate::orchestration::coordinator::{self, Plan};
 use crate::rank::steps::stall::Stall;
@@ -16,91 +17,218 @@ use crate::rank::steps::Step;
 
 const T: Duration = Duration::from_secs(10);
 
-fn pair(busy_poll: Option<Duration>) -> Result<(Connection, Connection)> {
+/// Time each ping-pong round runs before it measures: sockperf's own warm-up, so both sides
+/// measure a connection that is past slow start and has its buffers.
+const WARM_UP: Duration = Duration::from_millis(400);
+
+/// A connected pair over loopback, as plain streams: each end becomes a `Connection` on the
+/// thread that uses it, so its receiver thread inherits that thread's CPU.
+fn streams() -> Result<(TcpStream, TcpStream)> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let a = TcpStream::connect(l.local_addr()?)?;
     let (b, _) = l.accept()?;
-    let opts = ConnectionOptions {
-        busy_poll,
-        ..ConnectionOptions::default()
-    };
+    // As the transport's connect and listener set it, and as sockperf does.
+    a.set_nodelay(true)?;
+    b.set_nodelay(true)?;
+    Ok((a, b))
+}
+
+fn pair() -> Result<(Connection, Connection)> {
+    let (a, b) = streams()?;
+    let opts = options(None);
     Ok((
         Connection::from_stream(a, opts)?,
         Connection::from_stream(b, opts)?,
     ))
 }
 
-/// One-way latency p50 and p99 (µs, half the round trip, as sockperf reports) through an
-/// echoing peer, after a 10% warm-up. `busy_poll` spins both ends before they sleep.
-pub fn pingpong(size: usize, run: Duration, busy_poll: Option<Duration>) -> Result<(f64, f64)> {
-    let (a, b) = pair(busy_poll)?;
-    let echo = std::thread::spawn(move || {
+fn options(busy_poll: Option<Duration>) -> ConnectionOptions {
+    ConnectionOptions {
+        busy_poll,
+        ..ConnectionOptions::default()
+    }
+}
+
+/// Run `server` and `client` on threads of their own, pinned where `cpus` says (the threads
+/// they start inherit the pin); the client's result once both have ended.
+fn on_two_cpus<S, C>(cpus: Option<Placement>, server: S, client: C) -> Result<Sample>
+where
+    S: FnOnce() -> Result<()> + Send + 'static,
+    C: FnOnce() -> Result<Sample> + Send + 'static,
+{
+    let (sc, cc) = (cpus.map(|p| p.server_cpu), cpus.map(|p| p.client_cpu));
+    let server = std::thread::spawn(move || pin_this_thread(sc).and_then(|()| server()));
+    let client = std::thread::spawn(move || pin_this_thread(cc).and_then(|()| client()));
+    let sample = client
+        .join()
+        .map_err(|_| anyhow::anyhow!("client thread panicked"))?;
+    // The client's end is closed by now (or dropped on its error), which ends the server.
+    let served = server
+        .join()
+        .map_err(|_| anyhow::anyhow!("server thread panicked"))?;
+    let sample = sample?;
+    served?;
+    Ok(sample)
+}
+
+/// One round of ping-pong: one-way latency p50 and p99 (µs, half the round trip, as sockperf
+/// reports) through an echoing peer, measured for `run` after [`WARM_UP`]. `busy_poll` spins
+/// both ends before they sleep.
+pub fn pingpong(
+    size: usize,
+    run: Duration,
+    busy_poll: Option<Duration>,
+    cpus: Option<Placement>,
+) -> Result<Sample> {
+    let (a, b) = streams()?;
+    let opts = options(busy_poll);
+    let echo = move || -> Result<()> {
+        let b = Connection::from_stream(b, opts)?;
         while let Ok(f) = b.recv(T) {
             if b.send(&f.payload, T).is_err() {
                 break;
             }
             b.recycle(f.payload);
         }
-    });
-    let msg = vec![0x5a; size];
-    let mut hist = Histogram::<u64>::new(3)?;
-    let warm = Instant::now() + run / 10;
-    let end = Instant::now() + run;
-    while Instant::now() < end {
-        let started = Instant::now();
-        a.send(&msg, T)?;
-        let back = a.recv(T)?;
-        let rtt = started.elapsed();
-        anyhow::ensure!(
-            back.payload.len() == size,
-            "echo of {} bytes for {size}",
-            back.payload.len()
-        );
-        if started > warm {
-            hist.record(rtt.as_nanos() as u64 / 2)?;
+        Ok(())
+    };
+    let client = move || -> Result<Sample> {
+        let a = Connection::from_stream(a, opts)?;
+        let msg = vec![0x5a; size];
+        let mut hist = Histogram::<u64>::new(3)?;
+        let measure_from = Instant::now() + WARM_UP;
+        let end = measure_from + run;
+        loop {
+            let started = Instant::now();
+            if started >= end {
+                break;
+            }
+            a.send(&msg, T)?;
+            let back = a.recv(T)?;
+            let rtt = started.elapsed();
+            anyhow::ensure!(
+                back.payload.len() == size,
+                "echo of {} bytes for {size}",
+                back.payload.len()
+            );
+            a.recycle(back.payload);
+            if started >= measure_from {
+                hist.record(rtt.as_nanos() as u64 / 2)?;
+            }
         }
-    }
-    a.close()?;
-    echo.join()
-        .map_err(|_| anyhow::anyhow!("echo thread panicked"))?;
-    Ok((
-        hist.value_at_quantile(0.5) as f64 / 1e3,
-        hist.value_at_quantile(0.99) as f64 / 1e3,
-    ))
+        a.close()?;
+        Ok(Sample {
+            value: hist.value_at_quantile(0.5) as f64 / 1e3,
+            p99: Some(hist.value_at_quantile(0.99) as f64 / 1e3),
+            count: Some(hist.len()),
+        })
+    };
+    on_two_cpus(cpus, echo, client)
 }
 
-/// Single-connection bandwidth in Gbit/s with 1 MiB frames, measured at the receiver.
-pub fn bandwidth(run: Duration) -> Result<f64> {
-    let (a, b) = pair(None)?;
-    let sink = std::thread::spawn(move || {
+/// One round of ping-pong with our frames but without our connection: each end encodes and
+/// decodes on its own thread, straight on the socket, with no receiver thread to hand frames
+/// over. Set beside [`pingpong`], it shows what the hand-off costs.
+pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<Placement>) -> Result<Sample> {
+    use std::io::Write;
+    use transport::frame::{Frame, Kind};
+    use transport::stream::FrameReader;
+    let (mut a, mut b) = streams()?;
+    let never = AtomicBool::new(false);
+    let echo = move || -> Result<()> {
+        let never = AtomicBool::new(false);
+        let mut reader = FrameReader::new(transport::frame::DEFAULT_MAX_PAYLOAD);
+        while let Ok(transport::frame::ReadOutcome::Frame(f)) = reader.read_frame(&mut b, &never) {
+            b.write_all(&f.encode())?;
+            reader.give_buffer(f.payload);
+        }
+        Ok(())
+    };
+    let client = move || -> Result<Sample> {
+        let mut reader = FrameReader::new(transport::frame::DEFAULT_MAX_PAYLOAD);
+        let mut hist = Histogram::<u64>::new(3)?;
+        let measure_from = Instant::now() + WARM_UP;
+        let end = measure_from + run;
+        let mut sequence = 0;
+        loop {
+            let started = Instant::now();
+            if started >= end {
+                break;
+            }
+            let frame = Frame::new(Kind::Data, sequence, vec![0x5a; size])?;
+            sequence += 1;
+            a.write_all(&frame.encode())?;
+            match reader.read_frame(&mut a, &never)? {
+                transport::frame::ReadOutcome::Frame(f) => anyhow::ensure!(
+                    f.payload.len() == size,
+                    "echo of {} bytes for {size}",
+                    f.payload.len()
+                ),
+                other => anyhow::bail!("the echo ended: {other:?}"),
+            }
+            if started >= measure_from {
+                hist.record(started.elapsed().as_nanos() as u64 / 2)?;
+            }
+        }
+        Ok(Sample {
+            value: hist.value_at_quantile(0.5) as f64 / 1e3,
+            p99: Some(hist.value_at_quantile(0.99) as f64 / 1e3),
+            count: Some(hist.len()),
+        })
+    };
+    on_two_cpus(cpus, echo, client)
+}
+
+/// One round of single-connection bandwidth in Gbit/s: `messages` frames of `size` bytes,
+/// measured at the receiver from its first frame to its last.
+pub fn bandwidth(size: usize, messages: u64, cpus: Option<Placement>) -> Result<Sample> {
+    let (a, b) = streams()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink = move || -> Result<()> {
+        let b = Connection::from_stream(b, options(None))?;
         let mut bytes = 0u64;
         let mut first: Option<Instant> = None;
+        let mut last = Instant::now();
         while let Ok(f) = b.recv(T) {
             first.get_or_insert_with(Instant::now);
+            last = Instant::now();
             bytes += f.payload.len() as u64;
             b.recycle(f.payload);
         }
-        let secs = first
-            .map(|f| f.elapsed().as_secs_f64())
-            .unwrap_or(f64::INFINITY);
-        bytes as f64 * 8.0 / secs / 1e9
-    });
-    let msg = vec![1u8; 1 << 20];
-    let end = Instant::now() + run;
-    while Instant::now() < end {
-        a.send(&msg, T)?;
-    }
-    a.flush(T)?;
-    a.close()?;
-    sink.join()
-        .map_err(|_| anyhow::anyhow!("sink thread panicked"))
+        let secs = first.map(|f| (last - f).as_secs_f64()).unwrap_or(0.0);
+        let _ = tx.send((bytes, secs));
+        Ok(())
+    };
+    let sender = move || -> Result<Sample> {
+        let a = Connection::from_stream(a, options(None))?;
+        let msg = vec![1u8; size];
+        for _ in 0..messages {
+            a.send(&msg, T)?;
+        }
+        a.flush(T)?;
+        a.close()?;
+        Ok(Sample::default())
+    };
+    on_two_cpus(cpus, sink, sender)?;
+    let (bytes, secs) = rx.recv_timeout(T)?;
+    anyhow::ensure!(
+        bytes == size as u64 * messages && secs > 0.0,
+        "the receiver got {bytes} of {} bytes",
+        size as u64 * messages
+    );
+    Ok(Sample {
+        // The first frame's bytes arrived before the clock started.
+        value: (bytes - size as u64) as f64 * 8.0 / secs / 1e9,
+        p99: None,
+        count: Some(messages),
+    })
 }
 
 /// Teardown cycles per second (connect a pair, close both), over `n` cycles.
 pub fn teardown_rate(n: usize) -> Result<f64> {
     let started = Instant::now();
     for _ in 0..n {
-        let (a, b) = pair(None)?;
+        let (a, b) = pair()?;
         a.close()?;
         b.close()?;
     }
@@ -171,6 +299,12 @@ fn rc_loopback(
 
 const RC_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A fresh RDMA CM port for each round, so no round waits on the last one's port.
+fn next_rc_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(7600);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 fn joined(server: std::thread::JoinHandle<Result<()>>) -> Result<()> {
     server
         .join()
@@ -178,9 +312,9 @@ fn joined(server: std::thread::JoinHandle<Result<()>>) -> Result<()> {
 }
 
 /// RDMA SEND one-way latency p50/p99 (µs) over an RC connection to this host itself.
-pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<(f64, f64)> {
+pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sample> {
     use transport::rdma::rc::Received;
-    let (mut c, server) = rc_loopback(ip, 7600, size, move |c| {
+    let (mut c, server) = rc_loopback(ip, next_rc_port(), size, move |c| {
         for _ in 0..iters {
             if let Received::Message(m) = c.recv(RC_TIMEOUT)? {
                 c.send(&m, RC_TIMEOUT)?;
@@ -197,15 +331,16 @@ pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<(f
         hist.record(t.elapsed().as_nanos() as u64 / 2)?;
     }
     joined(server)?;
-    Ok((
-        hist.value_at_quantile(0.5) as f64 / 1e3,
-        hist.value_at_quantile(0.99) as f64 / 1e3,
-    ))
+    Ok(Sample {
+        value: hist.value_at_quantile(0.5) as f64 / 1e3,
+        p99: Some(hist.value_at_quantile(0.99) as f64 / 1e3),
+        count: Some(iters.into()),
+    })
 }
 
 /// RDMA WRITE (with immediate) bandwidth in Gbit/s, measured at the writer.
-pub fn rdma_write_bw(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<f64> {
-    let (mut c, server) = rc_loopback(ip, 7601, size, move |c| {
+pub fn rdma_write_bw(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sample> {
+    let (mut c, server) = rc_loopback(ip, next_rc_port(), size, move |c| {
         for _ in 0..iters {
             c.recv(RC_TIMEOUT)?;
         }
@@ -218,5 +353,9 @@ pub fn rdma_write_bw(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<f6
     }
     let secs = t.elapsed().as_secs_f64();
     joined(server)?;
-    Ok(size as f64 * iters as f64 * 8.0 / secs / 1e9)
+    Ok(Sample {
+        value: size as f64 * iters as f64 * 8.0 / secs / 1e9,
+        p99: None,
+        count: Some(iters.into()),
+    })
 }

@@ -1,9 +1,11 @@
-//! The reference tools (`sockperf`, `iperf3`) as child processes: started on loopback, waited
-//! for with deadlines, killed by PID and reaped on every path.
+//! The reference tools (`sockperf`, `iperf3`, perftest) as child processes: started on loopback
+//! (a server lives for all the rounds of one measure), waited for with deadlines, pinned like
+//! our side, killed by PID and reaped on every path.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+use super::method::{on_cpu, Placement, Sample};
 use crate::hosts::child::{run_bounded, spawn, Reaped};
 
 /// sockperf refuses messages of 1 MiB or more; its largest is compared with our 1 MiB.
@@ -16,8 +18,9 @@ fn free_port() -> Result<u16, String> {
 
 /// Start a server that will listen on `port`, and wait (bounded) until it does. Readiness is
 /// read from /proc/net/tcp, so the check never connects to the tool itself.
-fn start_server(cmd: &[&str], port: u16) -> Result<Reaped, String> {
-    let server = spawn(cmd)?;
+fn start_server(cmd: &[String], port: u16) -> Result<Reaped, String> {
+    let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    let server = spawn(&args)?;
     let needle = format!(":{port:04X}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
@@ -31,63 +34,105 @@ fn start_server(cmd: &[&str], port: u16) -> Result<Reaped, String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    Err(format!("{} never listened on port {port}", cmd[0]))
+    Err(format!("{} never listened on port {port}", args[0]))
 }
 
 /// Run a client to completion within `limit`; its stdout and stderr.
-fn run_client(cmd: &[&str], limit: Duration) -> Result<String, String> {
-    match run_bounded(cmd, limit)? {
+fn run_client(cmd: &[String], limit: Duration) -> Result<String, String> {
+    let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    match run_bounded(&args, limit)? {
         (Some(_), out) => Ok(out),
-        (None, _) => Err(format!("{} did not finish within {limit:?}", cmd[0])),
+        (None, _) => Err(format!("{} did not finish within {limit:?}", args[0])),
     }
 }
 
-/// One-way latency p50 and p99 in µs from `sockperf ping-pong --tcp`.
-pub fn sockperf_pingpong(size: usize, run: Duration) -> Result<(f64, f64), String> {
+/// A reference server that serves every round of one measure, stopped when dropped.
+pub struct Server {
+    _process: Reaped,
+    port: u16,
+    busy_poll: bool,
+    cpus: Option<Placement>,
+}
+
+/// A `sockperf server --tcp` on loopback. `busy_poll`: it polls with a zero timeout (its
+/// busy-poll mode) instead of sleeping in epoll.
+pub fn sockperf_server(busy_poll: bool, cpus: Option<Placement>) -> Result<Server, String> {
     let port = free_port()?;
     let (p, max) = (port.to_string(), SOCKPERF_MAX.to_string());
-    let _server = start_server(
-        &[
-            "sockperf",
-            "server",
-            "--tcp",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &p,
-            "-m",
-            &max,
-        ],
+    let mut cmd = vec![
+        "sockperf",
+        "server",
+        "--tcp",
+        "-i",
+        "127.0.0.1",
+        "-p",
+        &p,
+        "-m",
+        &max,
+    ];
+    if busy_poll {
+        cmd.extend(["--timeout", "0"]);
+    }
+    let process = start_server(&on_cpu(cpus.map(|c| c.server_cpu), &cmd), port)?;
+    Ok(Server {
+        _process: process,
         port,
-    )?;
-    let (m, t) = (
+        busy_poll,
+        cpus,
+    })
+}
+
+/// One round of `sockperf ping-pong --tcp` against `server`: one-way latency p50 and p99 in
+/// µs, over `seconds` (sockperf's own 400 ms warm-up comes first and is not counted).
+pub fn sockperf_round(server: &Server, size: usize, seconds: u64) -> Result<Sample, String> {
+    let (p, m, t) = (
+        server.port.to_string(),
         size.min(SOCKPERF_MAX).to_string(),
-        run.as_secs().max(1).to_string(),
+        seconds.max(1).to_string(),
     );
+    let mut cmd = vec![
+        "sockperf",
+        "ping-pong",
+        "--tcp",
+        "-i",
+        "127.0.0.1",
+        "-p",
+        &p,
+        "-m",
+        &m,
+        "-t",
+        &t,
+    ];
+    if server.busy_poll {
+        cmd.extend(["--timeout", "0"]);
+    }
     let out = run_client(
-        &[
-            "sockperf",
-            "ping-pong",
-            "--tcp",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &p,
-            "-m",
-            &m,
-            "-t",
-            &t,
-        ],
-        run * 4 + Duration::from_secs(10),
+        &on_cpu(server.cpus.map(|c| c.client_cpu), &cmd),
+        Duration::from_secs(seconds * 4 + 10),
     )?;
+    parse_sockperf(&out)
+}
+
+/// p50, p99 and the message count from sockperf's report.
+fn parse_sockperf(out: &str) -> Result<Sample, String> {
     let pct = |q: &str| {
         out.lines()
             .find(|l| l.contains(&format!("percentile {q} =")))
             .and_then(|l| l.rsplit('=').next())
             .and_then(|v| v.trim().parse::<f64>().ok())
     };
+    let count = out
+        .lines()
+        .find(|l| l.contains("[Valid Duration]"))
+        .and_then(|l| l.split("SentMessages=").nth(1))
+        .and_then(|v| v.split(';').next())
+        .and_then(|v| v.trim().parse().ok());
     match (pct("50.000"), pct("99.000")) {
-        (Some(a), Some(b)) => Ok((a, b)),
+        (Some(a), Some(b)) => Ok(Sample {
+            value: a,
+            p99: Some(b),
+            count,
+        }),
         _ => Err(format!(
             "unreadable sockperf output: {}",
             out.lines().last().unwrap_or("")
@@ -95,32 +140,53 @@ pub fn sockperf_pingpong(size: usize, run: Duration) -> Result<(f64, f64), Strin
     }
 }
 
-/// Single-stream bandwidth in Gbit/s from `iperf3` with 1 MiB writes.
-pub fn iperf3_bandwidth(run: Duration) -> Result<f64, String> {
+/// An `iperf3 -s` on loopback, serving one client after another.
+pub fn iperf3_server(cpus: Option<Placement>) -> Result<Server, String> {
     let port = free_port()?;
     let p = port.to_string();
-    let _server = start_server(&["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", &p], port)?;
-    let t = run.as_secs().max(1).to_string();
+    let cmd = ["iperf3", "-s", "-B", "127.0.0.1", "-p", &p];
+    let process = start_server(&on_cpu(cpus.map(|c| c.server_cpu), &cmd), port)?;
+    Ok(Server {
+        _process: process,
+        port,
+        busy_poll: false,
+        cpus,
+    })
+}
+
+/// One round of single-stream bandwidth in Gbit/s from `iperf3`: `messages` writes of `size`
+/// bytes, as received.
+pub fn iperf3_round(server: &Server, size: usize, messages: u64) -> Result<Sample, String> {
+    let (p, l, n) = (
+        server.port.to_string(),
+        size.to_string(),
+        (size as u64 * messages).to_string(),
+    );
+    let cmd = [
+        "iperf3",
+        "-c",
+        "127.0.0.1",
+        "-p",
+        &p,
+        "-l",
+        &l,
+        "-n",
+        &n,
+        "-J",
+    ];
     let out = run_client(
-        &[
-            "iperf3",
-            "-c",
-            "127.0.0.1",
-            "-p",
-            &p,
-            "-l",
-            "1M",
-            "-t",
-            &t,
-            "-J",
-        ],
-        run * 4 + Duration::from_secs(10),
+        &on_cpu(server.cpus.map(|c| c.client_cpu), &cmd),
+        Duration::from_secs(60),
     )?;
     let json: serde_json::Value =
         serde_json::from_str(&out).map_err(|e| format!("unreadable iperf3 output: {e}"))?;
     json["end"]["sum_received"]["bits_per_second"]
         .as_f64()
-        .map(|bps| bps / 1e9)
+        .map(|bps| Sample {
+            value: bps / 1e9,
+            p99: None,
+            count: Some(messages),
+        })
         .ok_or_else(|| "iperf3 reported no received bandwidth".to_string())
 }
 
@@ -151,9 +217,10 @@ impl Perftest<'_> {
             &tcp_s,
         ];
         server.extend(extra);
+        let server: Vec<String> = server.iter().map(|s| s.to_string()).collect();
         let _server = start_server(&server, tcp)?;
         let mut client = server.clone();
-        client.push(self.ip);
+        client.push(self.ip.to_string());
         let out = run_client(&client, Duration::from_secs(120))?;
         result_line(&out, self.size).ok_or_else(|| {
             format!(
@@ -165,21 +232,29 @@ impl Perftest<'_> {
 }
 
 /// One-way latency "typical" and 99th percentile (µs) from `ib_send_lat`.
-pub fn ib_send_lat(p: &Perftest) -> Result<(f64, f64), String> {
+pub fn ib_send_lat(p: &Perftest) -> Result<Sample, String> {
     let cols = p.run("ib_send_lat", &[])?;
     // bytes iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
     match (cols.get(4), cols.get(7)) {
-        (Some(t), Some(p99)) => Ok((*t, *p99)),
+        (Some(t), Some(p99)) => Ok(Sample {
+            value: *t,
+            p99: Some(*p99),
+            count: Some(p.iters.into()),
+        }),
         _ => Err("short ib_send_lat result line".into()),
     }
 }
 
 /// Average bandwidth (Gbit/s) from `ib_write_bw`.
-pub fn ib_write_bw(p: &Perftest) -> Result<f64, String> {
+pub fn ib_write_bw(p: &Perftest) -> Result<Sample, String> {
     let cols = p.run("ib_write_bw", &["--report_gbits"])?;
     // bytes iterations BW-peak BW-average MsgRate
     cols.get(3)
-        .copied()
+        .map(|&bw| Sample {
+            value: bw,
+            p99: None,
+            count: Some(p.iters.into()),
+        })
         .ok_or_else(|| "short ib_write_bw result line".into())
 }
 
@@ -192,4 +267,33 @@ fn result_line(out: &str, size: usize) -> Option<Vec<f64>> {
             .collect();
         (cols.first() == Some(&(size as f64)) && cols.len() >= 4).then_some(cols)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockperf_report_gives_p50_p99_and_the_count() {
+        let out = "sockperf: [Total Run] RunTime=1.000 sec; Warm up time=400 msec; SentMessages=17552; ReceivedMessages=17551\n\
+                   sockperf: [Valid Duration] RunTime=0.552 sec; SentMessages=9388; ReceivedMessages=9388\n\
+                   sockperf: ---> percentile 99.000 =   25.101\n\
+                   sockperf: ---> percentile 50.000 =   10.980\n";
+        assert_eq!(
+            parse_sockperf(out),
+            Ok(Sample {
+                value: 10.98,
+                p99: Some(25.101),
+                count: Some(9388)
+            })
+        );
+        assert!(parse_sockperf("sockperf: ERROR").is_err());
+    }
+
+    #[test]
+    fn perftest_result_line_is_the_one_for_our_size() {
+        let out = " #bytes #iterations t_min[usec] t_max[usec] t_typical[usec]\n 4096 200 10.1 30.2 12.5 13.0 1.1 20.0 30.0\n";
+        assert_eq!(result_line(out, 4096).unwrap()[4], 12.5);
+        assert!(result_line(out, 64).is_none());
+    }
 }

@@ -286,7 +286,7 @@ fn bench(h: &mut String, runs: &[Run]) {
     for r in runs {
         let Some(b) = &r.bench else { continue };
         any = true;
-        let _ = write!(h, "<h3>{} ({} s per measure)</h3><table class=\"bench\"><tr><th>measure</th><th>wringer</th><th>reference</th><th>ratio</th><th>goal</th></tr>", e(&r.host_profile), b.seconds_per_measure);
+        let _ = write!(h, "<h3>{} ({} rounds kept per measure after {} discarded, {} s per side per round, alternating)</h3><table class=\"bench\"><tr><th>measure</th><th>wringer</th><th>reference</th><th>ratio (median ± half the interquartile range)</th><th>goal</th></tr>", e(&r.host_profile), b.rounds, b.warmup_rounds, b.seconds_per_round);
         for row in &b.rows {
             let c = row.cells();
             let goal = match c.goal {

@@ -1,0 +1,249 @@
+//! How a comparison is measured on a shared, noisy machine: ours and the reference alternate in
+//! short rounds, the order flipping every round so that a drift of the machine lands on both
+//! sides alike; warm-up rounds are discarded; the figure is the median of the per-round ratios,
+//! with its spread. Both sides get the same CPU placement.
+
+use serde::{Deserialize, Serialize};
+
+/// Rounds kept per measure, and rounds run first and discarded.
+#[derive(Clone, Copy, Debug)]
+pub struct Method {
+    pub rounds: usize,
+    pub warmup: usize,
+}
+
+impl Method {
+    pub const FULL: Method = Method {
+        rounds: 9,
+        warmup: 1,
+    };
+    /// For CI: the fewest rounds that still give a median with a spread.
+    pub const QUICK: Method = Method {
+        rounds: 7,
+        warmup: 1,
+    };
+}
+
+/// A row whose per-round ratios spread wider than this (interquartile range over the median) is
+/// marked unstable: two runs of it may disagree by more than the 15% the method promises.
+pub const UNSTABLE_SPREAD: f64 = 0.15;
+
+/// One side's figure for one round, with what it did to get it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Sample {
+    pub value: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99: Option<f64>,
+    /// Messages (or round trips) measured in this round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+}
+
+/// One kept round: both sides, and ours over theirs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Round {
+    pub ours: Sample,
+    pub reference: Sample,
+    pub ratio: f64,
+}
+
+/// Which side failed, and why.
+#[derive(Debug)]
+pub enum Failed {
+    Ours(String),
+    Reference(String),
+}
+
+/// Run `warmup + rounds` rounds of both sides, alternating which goes first; the kept rounds.
+/// The first failure on either side ends the measure.
+pub fn alternate(
+    method: Method,
+    mut ours: impl FnMut() -> anyhow::Result<Sample>,
+    mut theirs: impl FnMut() -> Result<Sample, String>,
+) -> Result<Vec<Round>, Failed> {
+    let mut kept = vec![];
+    for i in 0..method.warmup + method.rounds {
+        let mut run_ours = || ours().map_err(|e| Failed::Ours(format!("{e:#}")));
+        let (o, t) = if i % 2 == 0 {
+            let o = run_ours()?;
+            (o, theirs().map_err(Failed::Reference)?)
+        } else {
+            let t = theirs().map_err(Failed::Reference)?;
+            (run_ours()?, t)
+        };
+        if i >= method.warmup {
+            let ratio = o.value / t.value;
+            if !ratio.is_finite() {
+                return Err(Failed::Reference(format!(
+                    "no usable figure in round {}: ours {}, reference {}",
+                    i + 1,
+                    o.value,
+                    t.value
+                )));
+            }
+            kept.push(Round {
+                ours: o,
+                reference: t,
+                ratio,
+            });
+        }
+    }
+    Ok(kept)
+}
+
+/// The median and the quartiles of `xs` (linear interpolation); `None` for no values.
+pub fn quartiles(xs: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| {
+        let pos = q * (v.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+    };
+    Some((at(0.25), at(0.5), at(0.75)))
+}
+
+/// The median of `xs`.
+pub fn median(xs: &[f64]) -> Option<f64> {
+    quartiles(xs).map(|(_, m, _)| m)
+}
+
+/// The interquartile range relative to the median.
+pub fn spread(xs: &[f64]) -> Option<f64> {
+    quartiles(xs)
+        .filter(|(_, m, _)| *m != 0.0)
+        .map(|(q1, m, q3)| (q3 - q1) / m.abs())
+}
+
+/// Where the two ends of a measurement run: one CPU for the server side, another for the
+/// client side, the same for ours and the reference. `None` where pinning cannot work (one
+/// CPU, or `taskset` missing), and then neither side is pinned.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub server_cpu: usize,
+    pub client_cpu: usize,
+}
+
+impl Placement {
+    pub fn detect() -> Option<Placement> {
+        let cpus = allowed_cpus();
+        let taskset = crate::hosts::programs::runnable("taskset");
+        match (cpus.as_slice(), taskset) {
+            ([.., a, b], true) => Some(Placement {
+                server_cpu: *a,
+                client_cpu: *b,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most `size_of` bytes into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return vec![];
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE, the set's size.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
+/// Pin the calling thread (and the threads it starts afterwards, which inherit it) to `cpu`.
+pub fn pin_this_thread(cpu: Option<usize>) -> anyhow::Result<()> {
+    let Some(cpu) = cpu else { return Ok(()) };
+    // SAFETY: as in allowed_cpus; CPU_SET is given an index below CPU_SETSIZE.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    anyhow::ensure!(cpu < libc::CPU_SETSIZE as usize, "cpu {cpu} out of range");
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    anyhow::ensure!(
+        rc == 0,
+        "sched_setaffinity({cpu}): {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
+/// `cmd` behind `taskset -c CPU` when a CPU is given.
+pub fn on_cpu(cpu: Option<usize>, cmd: &[&str]) -> Vec<String> {
+    let mut out = vec![];
+    if let Some(c) = cpu {
+        out.extend(["taskset".to_string(), "-c".into(), c.to_string()]);
+    }
+    out.extend(cmd.iter().map(|s| s.to_string()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: f64) -> Sample {
+        Sample {
+            value: v,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn warmup_rounds_are_discarded_and_the_order_alternates() {
+        let order = std::cell::RefCell::new(String::new());
+        let mut n = 0.0;
+        let rounds = alternate(
+            Method {
+                rounds: 3,
+                warmup: 2,
+            },
+            || {
+                order.borrow_mut().push('o');
+                n += 1.0;
+                Ok(s(n * 10.0))
+            },
+            || {
+                order.borrow_mut().push('t');
+                Ok(s(10.0))
+            },
+        )
+        .unwrap();
+        assert_eq!(order.into_inner(), "ottoottoot");
+        // Rounds 3, 4, 5 kept: ours was 30, 40, 50 against 10.
+        let ratios: Vec<f64> = rounds.iter().map(|r| r.ratio).collect();
+        assert_eq!(ratios, vec![3.0, 4.0, 5.0]);
+    }
+
+    #[test]
+    fn a_failing_side_is_named() {
+        let e = alternate(Method::QUICK, || Ok(s(1.0)), || Err("gone".into())).unwrap_err();
+        assert!(matches!(e, Failed::Reference(w) if w == "gone"));
+        let e = alternate(Method::QUICK, || anyhow::bail!("broken"), || Ok(s(1.0))).unwrap_err();
+        assert!(matches!(e, Failed::Ours(w) if w == "broken"));
+        // A zero reference gives no ratio: an error, never an infinite figure.
+        let e = alternate(Method::QUICK, || Ok(s(1.0)), || Ok(s(0.0))).unwrap_err();
+        assert!(matches!(e, Failed::Reference(w) if w.contains("no usable figure")));
+    }
+
+    #[test]
+    fn median_and_spread_ignore_one_outlier() {
+        let xs = [1.0, 1.02, 0.98, 1.01, 0.99, 1.0, 9.0];
+        assert_eq!(median(&xs), Some(1.0));
+        let sp = spread(&xs).unwrap();
+        assert!(sp < 0.05, "{sp}");
+        assert_eq!(quartiles(&[2.0]), Some((2.0, 2.0, 2.0)));
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[f64::NAN]), None);
+        assert!(spread(&[1.0, 2.0, 3.0, 4.0]).unwrap() > UNSTABLE_SPREAD);
+    }
+
+    #[test]
+    fn taskset_wraps_a_command_only_when_pinned() {
+        assert_eq!(on_cpu(None, &["a", "b"]), vec!["a", "b"]);
+        assert_eq!(on_cpu(Some(1), &["a"]), vec!["taskset", "-c", "1", "a"]);
+    }
+}
