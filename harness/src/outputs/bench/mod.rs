@@ -151,6 +151,22 @@ fn compared(
     row
 }
 
+/// Measure ours against `tool` in alternating rounds: one compared row.
+fn versus(
+    method: Method,
+    (measure, unit, tool, goal): (String, &str, &str, Option<Goal>),
+    ours: impl FnMut() -> Result<Sample>,
+    theirs: impl FnMut() -> Result<Sample, String>,
+) -> Row {
+    compared(
+        measure,
+        unit,
+        tool,
+        goal,
+        method::alternate(method, ours, theirs),
+    )
+}
+
 /// A row of ours alone (no reference tool measures it).
 fn alone(measure: String, unit: &str, ours: Result<f64>, goal: Option<Goal>) -> Row {
     let (ours, skipped) = match ours {
@@ -216,29 +232,29 @@ fn rdma_rows(method: Method) -> Vec<Row> {
     let mut rows = vec![];
     let iters = 200;
     for size in [64usize, 4096, 65536] {
-        rows.push(compared(
-            format!("RDMA SEND ping-pong {} p50", human(size)),
-            "µs",
-            "ib_send_lat (typical)",
-            Some(Goal::RatioAtMost(1.10)),
-            method::alternate(
-                method,
-                || ours::rdma_pingpong(ip, size, iters),
-                || reference::ib_send_lat(&perftest(size, iters)),
+        rows.push(versus(
+            method,
+            (
+                format!("RDMA SEND ping-pong {} p50", human(size)),
+                "µs",
+                "ib_send_lat (typical)",
+                Some(Goal::RatioAtMost(1.10)),
             ),
+            || ours::rdma_pingpong(ip, size, iters),
+            || reference::ib_send_lat(&perftest(size, iters)),
         ));
     }
     let (size, iters) = (65536, 1000);
-    rows.push(compared(
-        format!("RDMA WRITE bandwidth, {} messages", human(size)),
-        "Gbit/s",
-        "ib_write_bw",
-        Some(Goal::RatioAtLeast(0.95)),
-        method::alternate(
-            method,
-            || ours::rdma_write_bw(ip, size, iters),
-            || reference::ib_write_bw(&perftest(size, iters)),
+    rows.push(versus(
+        method,
+        (
+            format!("RDMA WRITE bandwidth, {} messages", human(size)),
+            "Gbit/s",
+            "ib_write_bw",
+            Some(Goal::RatioAtLeast(0.95)),
         ),
+        || ours::rdma_write_bw(ip, size, iters),
+        || reference::ib_write_bw(&perftest(size, iters)),
     ));
     rows
 }
@@ -260,34 +276,34 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<Placement>) -> Vec
         } else {
             "sockperf"
         };
-        rows.push(compared(
-            format!("TCP ping-pong {} p50", human(size)),
-            "µs",
-            tool,
-            Some(Goal::RatioAtMost(1.10)),
-            method::alternate(
-                method,
-                || ours::pingpong(size, run, None, cpus),
-                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+        rows.push(versus(
+            method,
+            (
+                format!("TCP ping-pong {} p50", human(size)),
+                "µs",
+                tool,
+                Some(Goal::RatioAtMost(1.10)),
             ),
+            || ours::pingpong(size, run, None, cpus),
+            || reference::sockperf_round(serving(&server)?, size, opts.seconds),
         ));
     }
     // Where the time goes: the same frames on the same placement, decoded by the caller itself.
     // What this row saves against the one above is the receiver thread's hand-off.
     for &size in &sizes[..3] {
-        rows.push(compared(
-            format!(
-                "TCP ping-pong {} p50, our frames without the receiver thread (profile)",
-                human(size)
+        rows.push(versus(
+            method,
+            (
+                format!(
+                    "TCP ping-pong {} p50, our frames without the receiver thread (profile)",
+                    human(size)
+                ),
+                "µs",
+                "sockperf",
+                None,
             ),
-            "µs",
-            "sockperf",
-            None,
-            method::alternate(
-                method,
-                || ours::pingpong_inline(size, run, cpus),
-                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
-            ),
+            || ours::pingpong_inline(size, run, cpus),
+            || reference::sockperf_round(serving(&server)?, size, opts.seconds),
         ));
     }
     drop(server);
@@ -295,31 +311,31 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<Placement>) -> Vec
     let spin = Duration::from_millis(1);
     let server = reference::sockperf_server(true, cpus);
     for &size in &sizes[..3] {
-        rows.push(compared(
-            format!("TCP ping-pong {} p50, busy-poll", human(size)),
-            "µs",
-            "sockperf --timeout 0",
-            Some(Goal::RatioAtMost(1.05)),
-            method::alternate(
-                method,
-                || ours::pingpong(size, run, Some(spin), cpus),
-                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+        rows.push(versus(
+            method,
+            (
+                format!("TCP ping-pong {} p50, busy-poll", human(size)),
+                "µs",
+                "sockperf --timeout 0",
+                Some(Goal::RatioAtMost(1.05)),
             ),
+            || ours::pingpong(size, run, Some(spin), cpus),
+            || reference::sockperf_round(serving(&server)?, size, opts.seconds),
         ));
     }
     drop(server);
     let (size, messages) = (1 << 20, if opts.quick { 1024 } else { 2048 });
     let server = reference::iperf3_server(cpus);
-    rows.push(compared(
-        format!("TCP stream, {} messages", human(size)),
-        "Gbit/s",
-        "iperf3",
-        Some(Goal::RatioAtLeast(0.95)),
-        method::alternate(
-            method,
-            || ours::bandwidth(size, messages, cpus),
-            || reference::iperf3_round(serving(&server)?, size, messages),
+    rows.push(versus(
+        method,
+        (
+            format!("TCP stream, {} messages", human(size)),
+            "Gbit/s",
+            "iperf3",
+            Some(Goal::RatioAtLeast(0.95)),
         ),
+        || ours::bandwidth(size, messages, cpus),
+        || reference::iperf3_round(serving(&server)?, size, messages),
     ));
     rows
 }
