@@ -142,14 +142,17 @@ gpu-bundle: build-deps
         | while read -r t; do strip -o target/gpu-check/tests/transport-gpu "$t"; done
     ls -la target/gpu-check target/gpu-check/tests
 
-# Mutation testing of the transport's lifecycle modules (cargo-mutants), tested by the transport's tests and the audited TCP scenarios (harness tests); writes mutants.out/.
+# Mutation testing of the transport's lifecycle modules (cargo-mutants), writes mutants.out/: every mutant against the transport's own tests, then the ones they let through against the loopback TCP scenarios and the audit's bug-switch tests as well.
 mutants *args="": build-deps (apt "strace")
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-    cargo mutants --test-tool nextest --package transport --test-package transport --test-package harness --features harness/bug-injection \
-        --file transport/src/conn.rs --file transport/src/listener.rs --file transport/src/connect.rs \
-        --file transport/src/handshake.rs --file transport/src/frame.rs --file transport/src/stream.rs \
-        --timeout 300 --output mutants.out {{args}}
+    cargo mutants --test-tool nextest --package transport --test-package transport --features transport/bug-injection \
+        {{mutated}} --timeout 90 -j 2 --output mutants.out {{args}} || true
+    cargo mutants --iterate --baseline skip --test-tool nextest --package transport --test-package transport --test-package harness \
+        --features harness/bug-injection {{mutated}} --timeout 900 --output mutants.out {{args}} \
+        -- --run-ignored all -E 'package(transport) | binary(tcp_scenarios) | binary(audit) | binary(blind_spots)'
     # (nextest: the fd and thread counting tests need a process of their own.)
+
+mutated := "--file transport/src/conn.rs --file transport/src/listener.rs --file transport/src/connect.rs --file transport/src/handshake.rs --file transport/src/frame.rs --file transport/src/stream.rs"
 
 # Fuzz the frame decoder, the scenario and host-profile parsers and the rank messages the coordinator reads (not part of CI). cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them. `runs` caps executions per target.
 fuzz seconds="60" runs="10000000":

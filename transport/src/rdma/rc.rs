@@ -301,6 +301,18 @@ impl RemoteRegion {
 
 const SEND_WR: u64 = u64::MAX;
 const WRITE_WR: u64 = u64::MAX - 1;
+
+/// Send work requests a connection may have in flight: region writes are pipelined up to this
+/// (or to the receive ring's depth, whichever is smaller: each write with immediate consumes
+/// one of the peer's posted receives, and both sides use the same options).
+const SEND_DEPTH: usize = 16;
+
+/// How an idle completion poll waits: it spins this long, then yields the core until
+/// [`YIELD_UNTIL`], then sleeps an eighth of the time it has been idle (at most
+/// [`LONGEST_NAP`]). A completion that comes soon costs no sleep; a long wait costs few polls.
+const SPIN_FOR: Duration = Duration::from_micros(20);
+const YIELD_UNTIL: Duration = Duration::from_millis(1);
+const LONGEST_NAP: Duration = Duration::from_millis(1);
 /// The first message each side sends: where the peer may write (addr, rkey, len).
 const ADVERT_LEN: usize = 16;
 
@@ -507,7 +519,8 @@ pub struct RcConnection {
     peer_target: Option<(u64, u32, u32)>,
     ready: VecDeque<Received>,
     counts: CompletionCounts,
-    send_done: bool,
+    /// Send work requests posted and not yet completed.
+    in_flight: usize,
     peer_gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -529,13 +542,13 @@ impl RcConnection {
         // rxe with Debian 12's rdma-core.
         let cq: GenericCompletionQueue = ctx
             .create_cq_builder()
-            .setup_cqe((opts.recv_depth * 2 + 8) as u32)
+            .setup_cqe((opts.recv_depth * 2 + SEND_DEPTH + 8) as u32)
             .build()
             .map_err(verbs)?
             .into();
         let mut builder = pd.create_qp_builder();
         builder
-            .setup_max_send_wr(8)
+            .setup_max_send_wr(SEND_DEPTH as u32)
             .setup_max_recv_wr(opts.recv_depth as u32)
             .setup_max_send_sge(1)
             .setup_max_recv_sge(1)
@@ -580,7 +593,7 @@ impl RcConnection {
             peer_target: None,
             ready: VecDeque::new(),
             counts: CompletionCounts::default(),
-            send_done: false,
+            in_flight: 0,
             peer_gone: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
@@ -681,9 +694,9 @@ impl RcConnection {
         deadline: Instant,
         after: Duration,
     ) -> Result<(), RdmaError> {
-        self.post_from_send_buffer(data, None)?;
+        self.post_from_send_buffer(data, None, deadline, after)?;
         self.wait(deadline, after, "waiting for a send completion", |c| {
-            c.send_done
+            c.in_flight == 0
         })
     }
 
@@ -693,12 +706,13 @@ impl RcConnection {
             return Err(RdmaError::ImmReserved(imm));
         }
         let target = self.peer_target.ok_or(RdmaError::NoWriteTarget)?;
-        self.post_from_send_buffer(data, Some((target, imm)))?;
+        let deadline = Instant::now() + timeout;
+        self.post_from_send_buffer(data, Some((target, imm)), deadline, timeout)?;
         self.wait(
-            Instant::now() + timeout,
+            deadline,
             timeout,
             "waiting for a write completion",
-            |c| c.send_done,
+            |c| c.in_flight == 0,
         )
     }
 
@@ -707,6 +721,8 @@ impl RcConnection {
         &mut self,
         data: &[u8],
         write: Option<((u64, u32, u32), u32)>,
+        deadline: Instant,
+        after: Duration,
     ) -> Result<(), RdmaError> {
         let mut max = self.b().send.len();
         if let Some(((_, _, len), _)) = write {
@@ -718,6 +734,13 @@ impl RcConnection {
                 max,
             });
         }
+        // The one send buffer may still be read by a pipelined request: let them all finish.
+        self.wait(
+            deadline,
+            after,
+            "waiting for earlier sends to complete",
+            |c| c.in_flight == 0,
+        )?;
         self.buffers.as_mut().expect("live until into_buffers").send[..data.len()]
             .copy_from_slice(data);
         let (lkey, local) = (self.v().send_mr.lkey(), self.b().send.as_ptr() as u64);
@@ -733,8 +756,8 @@ impl RcConnection {
     ///
     /// # Safety
     /// `addr..addr + len` must be registered under `lkey` and stay valid and untouched until
-    /// the completion is reaped (`send_done`); the remote range must be one the peer
-    /// advertised for writes.
+    /// the completion is reaped (`in_flight` counts it down); the remote range must be one the
+    /// peer advertised for writes.
     unsafe fn post(
         &mut self,
         lkey: u32,
@@ -742,7 +765,6 @@ impl RcConnection {
         len: usize,
         write: Option<(u32, u64, u32)>,
     ) -> Result<(), RdmaError> {
-        self.send_done = false;
         let mut guard = self.v().qp.start_post_send();
         let wr = match write {
             None => guard
@@ -754,7 +776,9 @@ impl RcConnection {
         };
         // SAFETY: the caller's contract.
         unsafe { wr.setup_sge(lkey, addr, len as u32) };
-        guard.post().map_err(verbs)
+        guard.post().map_err(verbs)?;
+        self.in_flight += 1;
+        Ok(())
     }
 
     /// Register caller-owned host memory (for example a pinned staging buffer) with this
@@ -801,9 +825,30 @@ impl RcConnection {
 
     /// RDMA WRITE `len` bytes from `local` at `offset` into `remote` at `remote_offset`, with
     /// immediate data `imm` (below 2^31); the peer's `recv` returns
-    /// [`Received::WrittenToRegion`]. Returns once the write completed.
+    /// [`Received::WrittenToRegion`]. Returns once the write completed. No byte is copied: the
+    /// NIC reads the caller's registered memory.
     #[allow(clippy::too_many_arguments)]
     pub fn write_region_imm(
+        &mut self,
+        local: &Region,
+        offset: usize,
+        len: usize,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+        imm: u32,
+        timeout: Duration,
+    ) -> Result<(), RdmaError> {
+        self.post_region_write(local, offset, len, remote, remote_offset, imm, timeout)?;
+        self.finish_writes(timeout)
+    }
+
+    /// Like [`write_region_imm`](Self::write_region_imm), but returns once the write is
+    /// posted: writes are pipelined, up to the send queue's depth (waiting, within `timeout`,
+    /// for a slot when it is full). The bytes at `local[offset..offset + len]` are read by the
+    /// NIC until [`finish_writes`](Self::finish_writes) returns; changing them before that
+    /// sends whatever they hold by then.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_region_write(
         &mut self,
         local: &Region,
         offset: usize,
@@ -835,23 +880,35 @@ impl RcConnection {
                 capacity: remote.len as usize,
             });
         }
+        let depth = SEND_DEPTH.min(self.opts.recv_depth).max(1);
+        self.wait(
+            Instant::now() + timeout,
+            timeout,
+            "waiting for a send queue slot",
+            |c| c.in_flight < depth,
+        )?;
         let write = (remote.rkey, remote.addr + remote_offset, imm | REGION_WRITE);
-        // SAFETY: the range lies inside `local`, registered under its lkey; the caller does
-        // not touch it before this returns, and this returns only after the completion; the
-        // remote range lies inside what the peer advertised.
+        // SAFETY: the range lies inside `local`, registered under its lkey, which the caller
+        // keeps alive (it lends `&Region`, and a Region is dropped only by its owner); the
+        // contents are the caller's to keep until finish_writes. The remote range lies inside
+        // what the peer advertised.
         unsafe {
             self.post(
                 local.mr.lkey(),
                 local.addr + offset as u64,
                 len,
                 Some(write),
-            )?
-        };
+            )
+        }
+    }
+
+    /// Wait until every posted write (and send) has completed, within `timeout`.
+    pub fn finish_writes(&mut self, timeout: Duration) -> Result<(), RdmaError> {
         self.wait(
             Instant::now() + timeout,
             timeout,
-            "waiting for a region write completion",
-            |c| c.send_done,
+            "waiting for write completions",
+            |c| c.in_flight == 0,
         )
     }
 
@@ -876,7 +933,7 @@ impl RcConnection {
         during: &'static str,
         done: impl Fn(&Self) -> bool,
     ) -> Result<(), RdmaError> {
-        let mut idle = 0u32;
+        let mut idle_since: Option<Instant> = None;
         loop {
             if done(self) {
                 return Ok(());
@@ -900,14 +957,10 @@ impl RcConnection {
                 if Instant::now() >= deadline {
                     return Err(RdmaError::Timeout { during, after });
                 }
-                // Spin briefly, then yield the core: completions have no cheaper event here.
-                idle += 1;
-                if idle > 64 {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
+                idle_wait(idle_since.get_or_insert_with(Instant::now).elapsed());
                 continue;
             }
-            idle = 0;
+            idle_since = None;
             for (wr_id, status, len, opcode, imm) in got {
                 let status = WcStatus::from_raw(status);
                 *self.counts.0.entry(status).or_default() += 1;
@@ -915,7 +968,7 @@ impl RcConnection {
                     return Err(RdmaError::Completion { status, wr_id });
                 }
                 match wr_id {
-                    SEND_WR | WRITE_WR => self.send_done = true,
+                    SEND_WR | WRITE_WR => self.in_flight = self.in_flight.saturating_sub(1),
                     slot => {
                         let slot = slot as usize;
                         // RECV_RDMA_WITH_IMM: the data landed in our write target.
@@ -979,6 +1032,17 @@ impl RcConnection {
     /// Disconnect (best effort; the peer sees DISCONNECTED).
     pub fn disconnect(&self) {
         let _ = self.id.disconnect();
+    }
+}
+
+/// One idle pause of a completion poll that has found nothing for `idle` (see [`SPIN_FOR`]).
+fn idle_wait(idle: Duration) {
+    if idle < SPIN_FOR {
+        std::hint::spin_loop();
+    } else if idle < YIELD_UNTIL {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep((idle / 8).min(LONGEST_NAP));
     }
 }
 

@@ -45,17 +45,20 @@ pub fn seq(step: usize, n: u64) -> u64 {
     (step as u64) << 32 | n
 }
 
-/// Deterministic payload: the receiver can verify every byte without being told them.
+/// Deterministic payload: the receiver can verify every byte without being told them. All
+/// eight bytes of each xorshift step are used: the 8-rank ping-pong makes about 400 MB of
+/// pattern per repeat, and a step per byte cost a third of its time.
 pub fn pattern(seed: u64, tag: u64, len: usize) -> Vec<u8> {
     let mut x = seed ^ tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut out = Vec::with_capacity(len.next_multiple_of(8));
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
 }
 
 pub fn connect_to(ctx: &Ctx, peer: u32, sequence: u64, deadline: Duration) -> Result<Connection> {
@@ -161,4 +164,29 @@ pub fn settle(fds: usize, threads: usize, limit: Duration) -> (f64, f64) {
 /// a call on a closed fd is exactly what the lifecycle audit flags.
 pub fn fd_is_closed(fd: i32) -> bool {
     std::fs::symlink_metadata(format!("/proc/self/fd/{fd}")).is_err()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pattern;
+
+    #[test]
+    fn a_pattern_is_repeatable_exact_in_length_and_distinct_per_tag() {
+        for len in [0, 1, 7, 8, 9, 4096, 65537] {
+            let p = pattern(42, 7, len);
+            assert_eq!(p.len(), len);
+            assert_eq!(p, pattern(42, 7, len));
+            // A shorter message of the same tag is a prefix: sizes share their bytes.
+            assert_eq!(&pattern(42, 7, len + 5)[..len], &p[..]);
+        }
+        assert_ne!(pattern(42, 7, 64), pattern(42, 8, 64));
+        assert_ne!(pattern(42, 7, 64), pattern(43, 7, 64));
+        // Every byte position varies, not only the low byte of each step.
+        let p = pattern(1, 2, 4096);
+        for lane in 0..8 {
+            let distinct: std::collections::BTreeSet<u8> =
+                p.iter().skip(lane).step_by(8).copied().collect();
+            assert!(distinct.len() > 200, "lane {lane}: {}", distinct.len());
+        }
+    }
 }
