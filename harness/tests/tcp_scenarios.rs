@@ -29,7 +29,11 @@ fn every_loopback_tcp_scenario_passes() {
         .collect();
     let _ = std::fs::remove_dir_all(&dir);
     // The cross-host ones skip on loopback; every other TCP scenario runs.
-    assert!(ran.len() >= 10, "only {} TCP scenarios ran: {ran:?}", ran.len());
+    assert!(
+        ran.len() >= 10,
+        "only {} TCP scenarios ran: {ran:?}",
+        ran.len()
+    );
     let failed: Vec<_> = ran.iter().filter(|(_, v)| v != "pass").collect();
     assert!(
         failed.is_empty() && out.status.success(),

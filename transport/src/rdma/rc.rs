@@ -708,12 +708,9 @@ impl RcConnection {
         let target = self.peer_target.ok_or(RdmaError::NoWriteTarget)?;
         let deadline = Instant::now() + timeout;
         self.post_from_send_buffer(data, Some((target, imm)), deadline, timeout)?;
-        self.wait(
-            deadline,
-            timeout,
-            "waiting for a write completion",
-            |c| c.in_flight == 0,
-        )
+        self.wait(deadline, timeout, "waiting for a write completion", |c| {
+            c.in_flight == 0
+        })
     }
 
     /// Copy `data` into the send buffer and post a SEND, or a WRITE with immediate to `write`.

@@ -352,7 +352,9 @@ pub fn rdma_write_bw(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sa
         for i in 0..iters {
             match c.recv(RC_TIMEOUT)? {
                 Received::WrittenToRegion { imm, len } if imm == i && len == size => {}
-                other => anyhow::bail!("write {i}: expected {size} bytes in the region, got {other:?}"),
+                other => {
+                    anyhow::bail!("write {i}: expected {size} bytes in the region, got {other:?}")
+                }
             }
         }
         drop(region);
