@@ -118,26 +118,31 @@ pub fn spread(xs: &[f64]) -> Option<f64> {
         .map(|(q1, m, q3)| (q3 - q1) / m.abs())
 }
 
-/// Where the two ends of a measurement run: one CPU for the server side, another for the
-/// client side, the same for ours and the reference. `None` where pinning cannot work (one
-/// CPU, or `taskset` missing), and then neither side is pinned.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// Where the two ends of a measurement run: the server end on one half of this process's CPUs,
+/// the client end on the other, the same for ours and the reference. Only with four CPUs or
+/// more: an end of ours is two threads (the caller and its receiver), and one CPU per end would
+/// force every hand-off through a context switch that sockperf's single thread never pays.
+/// With fewer, or without `taskset`, neither side is pinned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Placement {
-    pub server_cpu: usize,
-    pub client_cpu: usize,
+    pub server_cpus: Vec<usize>,
+    pub client_cpus: Vec<usize>,
 }
 
 impl Placement {
     pub fn detect() -> Option<Placement> {
-        let cpus = allowed_cpus();
-        let taskset = crate::hosts::programs::runnable("taskset");
-        match (cpus.as_slice(), taskset) {
-            ([.., a, b], true) => Some(Placement {
-                server_cpu: *a,
-                client_cpu: *b,
-            }),
-            _ => None,
+        Placement::halves(&allowed_cpus(), crate::hosts::programs::runnable("taskset"))
+    }
+
+    fn halves(cpus: &[usize], taskset: bool) -> Option<Placement> {
+        if cpus.len() < 4 || !taskset {
+            return None;
         }
+        let (server, client) = cpus.split_at(cpus.len() / 2);
+        Some(Placement {
+            server_cpus: server.to_vec(),
+            client_cpus: client.to_vec(),
+        })
     }
 }
 
@@ -155,27 +160,31 @@ fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// Pin the calling thread (and the threads it starts afterwards, which inherit it) to `cpu`.
-pub fn pin_this_thread(cpu: Option<usize>) -> anyhow::Result<()> {
-    let Some(cpu) = cpu else { return Ok(()) };
-    // SAFETY: as in allowed_cpus; CPU_SET is given an index below CPU_SETSIZE.
+/// Pin the calling thread (and the threads it starts afterwards, which inherit it) to `cpus`.
+pub fn pin_this_thread(cpus: Option<&[usize]>) -> anyhow::Result<()> {
+    let Some(cpus) = cpus else { return Ok(()) };
+    // SAFETY: cpu_set_t is plain data; CPU_SET is given indices below CPU_SETSIZE (checked).
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    anyhow::ensure!(cpu < libc::CPU_SETSIZE as usize, "cpu {cpu} out of range");
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for &cpu in cpus {
+        anyhow::ensure!(cpu < libc::CPU_SETSIZE as usize, "cpu {cpu} out of range");
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
     anyhow::ensure!(
         rc == 0,
-        "sched_setaffinity({cpu}): {}",
+        "sched_setaffinity({cpus:?}): {}",
         std::io::Error::last_os_error()
     );
     Ok(())
 }
 
-/// `cmd` behind `taskset -c CPU` when a CPU is given.
-pub fn on_cpu(cpu: Option<usize>, cmd: &[&str]) -> Vec<String> {
+/// `cmd` behind `taskset -c LIST` when CPUs are given.
+pub fn on_cpus(cpus: Option<&[usize]>, cmd: &[&str]) -> Vec<String> {
     let mut out = vec![];
-    if let Some(c) = cpu {
-        out.extend(["taskset".to_string(), "-c".into(), c.to_string()]);
+    if let Some(c) = cpus {
+        let list: Vec<String> = c.iter().map(|c| c.to_string()).collect();
+        out.extend(["taskset".to_string(), "-c".into(), list.join(",")]);
     }
     out.extend(cmd.iter().map(|s| s.to_string()));
     out
@@ -243,7 +252,18 @@ mod tests {
 
     #[test]
     fn taskset_wraps_a_command_only_when_pinned() {
-        assert_eq!(on_cpu(None, &["a", "b"]), vec!["a", "b"]);
-        assert_eq!(on_cpu(Some(1), &["a"]), vec!["taskset", "-c", "1", "a"]);
+        assert_eq!(on_cpus(None, &["a", "b"]), vec!["a", "b"]);
+        assert_eq!(
+            on_cpus(Some(&[2, 3]), &["a"]),
+            vec!["taskset", "-c", "2,3", "a"]
+        );
+    }
+
+    #[test]
+    fn each_end_gets_half_the_cpus_and_two_are_too_few() {
+        assert_eq!(Placement::halves(&[0, 1], true), None);
+        assert_eq!(Placement::halves(&[0, 1, 2, 3], false), None);
+        let p = Placement::halves(&[0, 1, 2, 3, 4], true).unwrap();
+        assert_eq!((p.server_cpus, p.client_cpus), (vec![0, 1], vec![2, 3, 4]));
     }
 }

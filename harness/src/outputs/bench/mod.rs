@@ -261,7 +261,7 @@ fn rdma_rows(method: Method) -> Vec<Row> {
 
 /// The TCP rows: ping-pong latency against sockperf (blocking, then both sides busy-polling)
 /// and one stream against iperf3.
-fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<Placement>) -> Vec<Row> {
+fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&Placement>) -> Vec<Row> {
     let run = Duration::from_secs(opts.seconds.max(1));
     let sizes: &[usize] = if opts.quick {
         &[64, 4096, 65536]
@@ -269,7 +269,7 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<Placement>) -> Vec
         &[64, 4096, 65536, 1 << 20]
     };
     let mut rows = vec![];
-    let server = reference::sockperf_server(false, cpus);
+    let server = reference::sockperf_server(false, cpus.cloned());
     for &size in sizes {
         let tool = if size > reference::SOCKPERF_MAX {
             "sockperf (1 MiB − 1 B, its largest)"
@@ -309,7 +309,7 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<Placement>) -> Vec
     drop(server);
     // Like for like: our ends spin before they sleep; sockperf's poll with a zero timeout.
     let spin = Duration::from_millis(1);
-    let server = reference::sockperf_server(true, cpus);
+    let server = reference::sockperf_server(true, cpus.cloned());
     for &size in &sizes[..3] {
         rows.push(versus(
             method,
@@ -325,7 +325,7 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<Placement>) -> Vec
     }
     drop(server);
     let (size, messages) = (1 << 20, if opts.quick { 1024 } else { 2048 });
-    let server = reference::iperf3_server(cpus);
+    let server = reference::iperf3_server(cpus.cloned());
     rows.push(versus(
         method,
         (
@@ -347,7 +347,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         Method::FULL
     };
     let placement = Placement::detect();
-    let report = |rows| BenchReport {
+    let report = |rows, placement| BenchReport {
         seconds_per_round: opts.seconds,
         rounds: method.rounds,
         warmup_rounds: method.warmup,
@@ -356,9 +356,9 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         rows,
     };
     if opts.rdma_only {
-        return Ok(report(rdma_rows(method)));
+        return Ok(report(rdma_rows(method), placement));
     }
-    let mut rows = tcp_rows(opts, method, placement);
+    let mut rows = tcp_rows(opts, method, placement.as_ref());
     rows.extend(rdma_rows(method));
     rows.push(alone(
         "teardown cycles per second".into(),
@@ -401,7 +401,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         }
     }
     let _ = std::fs::remove_dir_all(&logs);
-    Ok(report(rows))
+    Ok(report(rows, placement))
 }
 
 /// How far each compared row's median ratio moved from an earlier run's: (measure, earlier,
@@ -495,12 +495,12 @@ impl Row {
 }
 
 pub fn markdown(r: &BenchReport) -> String {
-    let placement = match r.placement {
+    let placement = match &r.placement {
         Some(p) => format!(
-            "server ends on CPU {}, client ends on CPU {}",
-            p.server_cpu, p.client_cpu
+            "server ends on CPUs {:?}, client ends on CPUs {:?}",
+            p.server_cpus, p.client_cpus
         ),
-        None => "not pinned".into(),
+        None => "not pinned (fewer than 4 CPUs, or no taskset)".into(),
     };
     let mut s = format!(
         "{} kept rounds per measure after {} discarded, {} s per side per latency round, \

@@ -51,14 +51,17 @@ fn options(busy_poll: Option<Duration>) -> ConnectionOptions {
 
 /// Run `server` and `client` on threads of their own, pinned where `cpus` says (the threads
 /// they start inherit the pin); the client's result once both have ended.
-fn on_two_cpus<S, C>(cpus: Option<Placement>, server: S, client: C) -> Result<Sample>
+fn on_two_cpus<S, C>(cpus: Option<&Placement>, server: S, client: C) -> Result<Sample>
 where
     S: FnOnce() -> Result<()> + Send + 'static,
     C: FnOnce() -> Result<Sample> + Send + 'static,
 {
-    let (sc, cc) = (cpus.map(|p| p.server_cpu), cpus.map(|p| p.client_cpu));
-    let server = std::thread::spawn(move || pin_this_thread(sc).and_then(|()| server()));
-    let client = std::thread::spawn(move || pin_this_thread(cc).and_then(|()| client()));
+    let (sc, cc) = (
+        cpus.map(|p| p.server_cpus.clone()),
+        cpus.map(|p| p.client_cpus.clone()),
+    );
+    let server = std::thread::spawn(move || pin_this_thread(sc.as_deref()).and_then(|()| server()));
+    let client = std::thread::spawn(move || pin_this_thread(cc.as_deref()).and_then(|()| client()));
     let sample = client
         .join()
         .map_err(|_| anyhow::anyhow!("client thread panicked"))?;
@@ -78,7 +81,7 @@ pub fn pingpong(
     size: usize,
     run: Duration,
     busy_poll: Option<Duration>,
-    cpus: Option<Placement>,
+    cpus: Option<&Placement>,
 ) -> Result<Sample> {
     let (a, b) = streams()?;
     let opts = options(busy_poll);
@@ -129,7 +132,7 @@ pub fn pingpong(
 /// One round of ping-pong with our frames but without our connection: each end encodes and
 /// decodes on its own thread, straight on the socket, with no receiver thread to hand frames
 /// over. Set beside [`pingpong`], it shows what the hand-off costs.
-pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<Placement>) -> Result<Sample> {
+pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<&Placement>) -> Result<Sample> {
     use std::io::Write;
     use transport::frame::{Frame, Kind};
     use transport::stream::FrameReader;
@@ -181,7 +184,7 @@ pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<Placement>) -> R
 
 /// One round of single-connection bandwidth in Gbit/s: `messages` frames of `size` bytes,
 /// measured at the receiver from its first frame to its last.
-pub fn bandwidth(size: usize, messages: u64, cpus: Option<Placement>) -> Result<Sample> {
+pub fn bandwidth(size: usize, messages: u64, cpus: Option<&Placement>) -> Result<Sample> {
     let (a, b) = streams()?;
     let (tx, rx) = std::sync::mpsc::channel();
     let sink = move || -> Result<()> {

@@ -5,7 +5,7 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use super::method::{on_cpu, Placement, Sample};
+use super::method::{on_cpus, Placement, Sample};
 use crate::hosts::child::{run_bounded, spawn, Reaped};
 
 /// sockperf refuses messages of 1 MiB or more; its largest is compared with our 1 MiB.
@@ -73,7 +73,10 @@ pub fn sockperf_server(busy_poll: bool, cpus: Option<Placement>) -> Result<Serve
     if busy_poll {
         cmd.extend(["--timeout", "0"]);
     }
-    let process = start_server(&on_cpu(cpus.map(|c| c.server_cpu), &cmd), port)?;
+    let process = start_server(
+        &on_cpus(cpus.as_ref().map(|c| &c.server_cpus[..]), &cmd),
+        port,
+    )?;
     Ok(Server {
         _process: process,
         port,
@@ -107,7 +110,7 @@ pub fn sockperf_round(server: &Server, size: usize, seconds: u64) -> Result<Samp
         cmd.extend(["--timeout", "0"]);
     }
     let out = run_client(
-        &on_cpu(server.cpus.map(|c| c.client_cpu), &cmd),
+        &on_cpus(server.cpus.as_ref().map(|c| &c.client_cpus[..]), &cmd),
         Duration::from_secs(seconds * 4 + 10),
     )?;
     parse_sockperf(&out)
@@ -145,7 +148,10 @@ pub fn iperf3_server(cpus: Option<Placement>) -> Result<Server, String> {
     let port = free_port()?;
     let p = port.to_string();
     let cmd = ["iperf3", "-s", "-B", "127.0.0.1", "-p", &p];
-    let process = start_server(&on_cpu(cpus.map(|c| c.server_cpu), &cmd), port)?;
+    let process = start_server(
+        &on_cpus(cpus.as_ref().map(|c| &c.server_cpus[..]), &cmd),
+        port,
+    )?;
     Ok(Server {
         _process: process,
         port,
@@ -175,7 +181,7 @@ pub fn iperf3_round(server: &Server, size: usize, messages: u64) -> Result<Sampl
         "-J",
     ];
     let out = run_client(
-        &on_cpu(server.cpus.map(|c| c.client_cpu), &cmd),
+        &on_cpus(server.cpus.as_ref().map(|c| &c.client_cpus[..]), &cmd),
         Duration::from_secs(60),
     )?;
     let json: serde_json::Value =
