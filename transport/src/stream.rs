@@ -60,11 +60,6 @@ impl FrameReader {
         self.decoder.give_buffer(buf);
     }
 
-    /// Bytes read but not yet returned as part of a frame.
-    pub fn buffered(&self) -> usize {
-        self.end - self.start
-    }
-
     /// Read one frame. `stopped` is our own stop flag: once it is set, an end of stream is
     /// [`ReadOutcome::LocalShutdown`], whatever was partially read. A failing read is an error
     /// even then: after a stop, an error (EBADF above all) is evidence, not a normal close.
@@ -249,5 +244,115 @@ mod tests {
             r.read_frame(&mut src, &stop).unwrap(),
             ReadOutcome::CleanEof
         );
+    }
+
+    /// Counts the reads it serves; hands out everything it has to each, or fails the first
+    /// `interrupts` of them with EINTR.
+    struct Counting<'a> {
+        data: &'a [u8],
+        reads: usize,
+        interrupts: usize,
+    }
+
+    impl Read for Counting<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.reads += 1;
+            if self.interrupts > 0 {
+                self.interrupts -= 1;
+                return Err(io::Error::from(io::ErrorKind::Interrupted));
+            }
+            let n = buf.len().min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    fn frames(count: u64, len: usize) -> (Vec<Frame>, Vec<u8>) {
+        let frames: Vec<Frame> = (0..count)
+            .map(|i| Frame::new(Kind::Data, i, vec![i as u8; len]).unwrap())
+            .collect();
+        let bytes = frames.iter().flat_map(|f| f.encode()).collect();
+        (frames, bytes)
+    }
+
+    #[test]
+    fn an_interrupted_read_is_retried() {
+        let (want, bytes) = frames(1, 10);
+        let mut src = Counting {
+            data: &bytes,
+            reads: 0,
+            interrupts: 2,
+        };
+        let stop = AtomicBool::new(false);
+        let got = FrameReader::new(64).read_frame(&mut src, &stop).unwrap();
+        assert_eq!(got, ReadOutcome::Frame(want[0].clone()));
+        assert_eq!(src.reads, 3);
+    }
+
+    #[test]
+    fn small_frames_that_arrive_together_come_from_one_read() {
+        let (want, bytes) = frames(100, 10);
+        let mut src = Counting {
+            data: &bytes,
+            reads: 0,
+            interrupts: 0,
+        };
+        let stop = AtomicBool::new(false);
+        let mut r = FrameReader::new(64);
+        for f in want {
+            assert_eq!(
+                r.read_frame(&mut src, &stop).unwrap(),
+                ReadOutcome::Frame(f)
+            );
+        }
+        assert_eq!(
+            src.reads, 1,
+            "3,000 bytes of frames took {} reads",
+            src.reads
+        );
+    }
+
+    #[test]
+    fn a_large_payload_is_read_straight_into_its_frame_in_few_reads() {
+        let (want, bytes) = frames(1, 3 << 20);
+        let mut src = Counting {
+            data: &bytes,
+            reads: 0,
+            interrupts: 0,
+        };
+        let stop = AtomicBool::new(false);
+        let got = FrameReader::new(4 << 20)
+            .read_frame(&mut src, &stop)
+            .unwrap();
+        assert_eq!(got, ReadOutcome::Frame(want[0].clone()));
+        // The header and the first 64 KiB through the buffer, then 1 MiB slots: 1 + 3.
+        assert!(src.reads <= 4, "3 MiB took {} reads", src.reads);
+    }
+
+    #[test]
+    fn a_given_buffer_carries_the_next_large_payload() {
+        let (want, bytes) = frames(1, 300_000);
+        let mut src = Counting {
+            data: &bytes,
+            reads: 0,
+            interrupts: 0,
+        };
+        let stop = AtomicBool::new(false);
+        let mut r = FrameReader::new(1 << 20);
+        let spare = Vec::with_capacity(1 << 20);
+        let spare_at = spare.as_ptr();
+        r.give_buffer(spare);
+        match r.read_frame(&mut src, &stop).unwrap() {
+            ReadOutcome::Frame(f) => {
+                assert_eq!(f, want[0]);
+                assert_eq!(
+                    f.payload.as_ptr(),
+                    spare_at,
+                    "the given buffer was not used"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
