@@ -98,3 +98,38 @@ fn retryable(e: &io::Error) -> bool {
         || e.raw_os_error() == Some(libc::ENETUNREACH)
         || e.raw_os_error() == Some(libc::EAGAIN)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::retryable;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn only_errors_a_later_attempt_can_cure_are_retried() {
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::TimedOut,
+            ErrorKind::WouldBlock,
+            ErrorKind::Interrupted,
+        ] {
+            assert!(retryable(&Error::from(kind)), "{kind:?}");
+        }
+        for errno in [libc::EHOSTUNREACH, libc::ENETUNREACH, libc::EAGAIN] {
+            assert!(retryable(&Error::from_raw_os_error(errno)), "errno {errno}");
+        }
+        for errno in [
+            libc::EACCES,
+            libc::EADDRNOTAVAIL,
+            libc::EINVAL,
+            libc::EAFNOSUPPORT,
+        ] {
+            assert!(
+                !retryable(&Error::from_raw_os_error(errno)),
+                "errno {errno}"
+            );
+        }
+        assert!(!retryable(&Error::from(ErrorKind::PermissionDenied)));
+    }
+}

@@ -181,3 +181,33 @@ fn read_control(socket: &Socket, deadline: Instant) -> ControlResult<Frame> {
         Err(e) => Err(ControlError::Failed(e.to_string())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_control_error_says_what_happened() {
+        assert_eq!(
+            ControlError::TimedOut("reading the hello").to_string(),
+            "timed out reading the hello"
+        );
+        assert_eq!(
+            ControlError::Failed("bad kind".into()).to_string(),
+            "bad kind"
+        );
+    }
+
+    #[test]
+    fn a_hello_survives_encoding() {
+        let h = Hello {
+            rank: 3,
+            sequence: 1 << 40,
+            generation: 9,
+            token: u128::MAX - 5,
+        };
+        assert_eq!(h.encode().len(), HELLO_LEN);
+        assert_eq!(Hello::decode(&h.encode()), Some(h));
+        assert_eq!(Hello::decode(&h.encode()[..HELLO_LEN - 1]), None);
+    }
+}

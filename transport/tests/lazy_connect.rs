@@ -281,7 +281,14 @@ fn connect_to_a_closed_port_ends_in_a_timeout_error() {
     let result = connect(local(port), &hello(1, 0), &opts);
     let took = started.elapsed();
     match result {
-        Err(Error::ConnectTimeout { attempts, .. }) => assert!(attempts > 1, "no retries"),
+        Err(Error::ConnectTimeout { attempts, .. }) => {
+            assert!(attempts > 1, "no retries");
+            // Backoff doubles from 1 ms: about nine attempts fit in 300 ms, not hundreds.
+            assert!(
+                attempts <= 30,
+                "{attempts} attempts: the backoff does not grow"
+            );
+        }
         other => panic!("expected ConnectTimeout, got {other:?}"),
     }
     assert!(
@@ -297,4 +304,118 @@ fn a_stalled_hello_does_not_block_other_peers() {
     let initiator = connect_in_background(&l, hello(4, 0));
     let accepted = l.wait_for(4, GENEROUS).unwrap();
     round_trip(&initiator.join().unwrap().unwrap(), &accepted);
+}
+
+#[test]
+fn connect_refuses_a_zero_deadline_or_hello_timeout() {
+    let l = listener();
+    for opts in [
+        ConnectOptions {
+            deadline: Duration::ZERO,
+            ..ConnectOptions::default()
+        },
+        ConnectOptions {
+            hello_timeout: Duration::ZERO,
+            ..ConnectOptions::default()
+        },
+    ] {
+        assert!(matches!(
+            connect(l.local_addr(), &hello(1, 0), &opts),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+}
+
+#[test]
+fn a_hello_that_comes_late_but_in_time_is_accepted() {
+    use std::io::{Read, Write};
+    use transport::frame::{Frame, Kind};
+    let l = listener();
+    let addr = l.local_addr();
+    let initiator = std::thread::spawn(move || {
+        let mut raw = std::net::TcpStream::connect(addr).unwrap();
+        // Well inside the listener's 5 s hello timeout, but not at once.
+        std::thread::sleep(Duration::from_millis(150));
+        let h = Frame::new(Kind::Hello, 0, hello(5, 0).encode().to_vec()).unwrap();
+        raw.write_all(&h.encode()).unwrap();
+        let mut ack = [0u8; 20];
+        raw.set_read_timeout(Some(GENEROUS)).unwrap();
+        raw.read_exact(&mut ack).unwrap();
+        raw
+    });
+    let accepted = l.wait_for(5, GENEROUS).unwrap();
+    let _raw = initiator.join().unwrap();
+    assert_eq!(accepted.peer_addr().ip(), addr.ip());
+}
+
+#[test]
+fn dropping_the_listener_closes_its_port() {
+    let l = Listener::bind(local(0), ListenerOptions::new(TOKEN)).unwrap();
+    let addr = l.local_addr();
+    drop(l);
+    let refused = std::net::TcpStream::connect_timeout(&addr, GENEROUS);
+    assert!(refused.is_err(), "the port still accepts after the drop");
+}
+
+/// CPU time of this whole process.
+fn process_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) },
+        0
+    );
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn out_of_descriptors_the_listener_backs_off_then_serves() {
+    // Runs in a process of its own (nextest), whose descriptor limit it lowers.
+    let l = listener();
+    let initiator_socket = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .unwrap();
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit struct.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    let low = libc::rlimit {
+        rlim_cur: (open_fds() + 8) as libc::rlim_t,
+        rlim_max: limit.rlim_max,
+    };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+    let mut hog = vec![];
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        hog.push(f);
+    }
+    // The connection waits in the backlog; every accept fails with EMFILE.
+    initiator_socket.connect(&l.local_addr().into()).unwrap();
+    let (cpu, wall) = (process_cpu(), Instant::now());
+    std::thread::sleep(Duration::from_millis(300));
+    let spent = process_cpu() - cpu;
+    assert!(
+        spent < wall.elapsed() / 3,
+        "{spent:?} of CPU in {:?}: the accept loop spins on EMFILE",
+        wall.elapsed()
+    );
+    drop(hog);
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    // With descriptors back, the waiting connection is accepted (it never says hello, so the
+    // listener counts it as accepted and drops it at its hello timeout).
+    let deadline = Instant::now() + GENEROUS;
+    while l.stats().accepted == 0 {
+        assert!(Instant::now() < deadline, "never accepted: {:?}", l.stats());
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
