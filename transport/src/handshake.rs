@@ -206,8 +206,17 @@ mod tests {
             generation: 9,
             token: u128::MAX - 5,
         };
-        assert_eq!(h.encode().len(), HELLO_LEN);
         assert_eq!(Hello::decode(&h.encode()), Some(h));
-        assert_eq!(Hello::decode(&h.encode()[..HELLO_LEN - 1]), None);
+        // The wire format, as another implementation would write it: rank, sequence,
+        // generation and token, big-endian, 36 bytes and no more.
+        let mut wire = vec![0, 0, 0, 3];
+        wire.extend((1u64 << 40).to_be_bytes());
+        wire.extend(9u64.to_be_bytes());
+        wire.extend((u128::MAX - 5).to_be_bytes());
+        assert_eq!(h.encode().to_vec(), wire);
+        assert_eq!(Hello::decode(&wire), Some(h));
+        assert_eq!(Hello::decode(&wire[..35]), None);
+        wire.push(0);
+        assert_eq!(Hello::decode(&wire), None);
     }
 }

@@ -419,3 +419,27 @@ fn out_of_descriptors_the_listener_backs_off_then_serves() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[test]
+fn a_listener_refuses_zero_limits() {
+    let base = ListenerOptions::new(TOKEN);
+    for opts in [
+        ListenerOptions {
+            hello_timeout: Duration::ZERO,
+            ..base.clone()
+        },
+        ListenerOptions {
+            max_pending: 0,
+            ..base.clone()
+        },
+        ListenerOptions {
+            max_handshakes: 0,
+            ..base.clone()
+        },
+    ] {
+        assert!(matches!(
+            Listener::bind(local(0), opts),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+}

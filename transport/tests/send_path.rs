@@ -131,12 +131,15 @@ fn flush_returns_only_once_the_peer_has_taken_the_bytes() {
     });
     let started = Instant::now();
     conn.send(&pattern(1 << 20, 1), GENEROUS).unwrap();
+    let cpu = thread_cpu();
     conn.flush(GENEROUS).unwrap();
+    let (cpu, wall) = (thread_cpu() - cpu, started.elapsed());
     assert!(
-        started.elapsed() >= hold - Duration::from_millis(20),
-        "flush returned after {:?}, before the peer read anything",
-        started.elapsed()
+        wall >= hold - Duration::from_millis(20),
+        "flush returned after {wall:?}, before the peer read anything"
     );
+    // Its pauses grow to milliseconds: waiting costs little CPU.
+    assert!(cpu < wall / 4, "{cpu:?} of CPU in {wall:?} of flushing");
     conn.close().unwrap();
     assert_eq!(reader.join().unwrap(), (1 << 20) + 20);
 }
