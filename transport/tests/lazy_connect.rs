@@ -426,15 +426,15 @@ fn a_listener_refuses_zero_limits() {
     for opts in [
         ListenerOptions {
             hello_timeout: Duration::ZERO,
-            ..base.clone()
+            ..base
         },
         ListenerOptions {
             max_pending: 0,
-            ..base.clone()
+            ..base
         },
         ListenerOptions {
             max_handshakes: 0,
-            ..base.clone()
+            ..base
         },
     ] {
         assert!(matches!(
