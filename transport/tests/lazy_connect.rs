@@ -443,3 +443,25 @@ fn a_listener_refuses_zero_limits() {
         ));
     }
 }
+
+#[test]
+fn early_connections_of_two_generations_meet_their_waits_in_order() {
+    let l = listener();
+    let first = connect_in_background(&l, hello(9, 0));
+    let second = connect_in_background(&l, hello(9, 1));
+    let deadline = Instant::now() + GENEROUS;
+    while l.stats().parked != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "never parked both: {:?}",
+            l.stats()
+        );
+        std::thread::yield_now();
+    }
+    // Both arrived before any wait: the waits take generation 0, then generation 1.
+    let a = l.wait_for(9, GENEROUS).unwrap();
+    let b = l.wait_for(9, Duration::from_secs(2)).unwrap();
+    round_trip(&first.join().unwrap().unwrap(), &a);
+    round_trip(&second.join().unwrap().unwrap(), &b);
+    assert_eq!(l.stats().matched, 2);
+}
