@@ -112,8 +112,8 @@ enum Command {
     Rank {
         #[arg(long)]
         rendezvous: SocketAddr,
-        #[arg(long)]
-        rank: u32,
+        #[arg(long, required_unless_present = "slurm")]
+        rank: Option<u32>,
         /// The address this rank's listeners bind to and advertise to the other ranks.
         #[arg(long, default_value = "127.0.0.1")]
         bind: std::net::IpAddr,
@@ -121,6 +121,16 @@ enum Command {
         /// when stdin closes.
         #[arg(long)]
         token_stdin: bool,
+        /// Started as a Slurm task laid out `cyclic` or `block:N`: the rank comes from
+        /// SLURM_PROCID, and its end is reported on stdout.
+        #[arg(long, conflicts_with = "rank")]
+        slurm: Option<String>,
+        /// Slurm tasks: the address to bind on each node of the step, in node order.
+        #[arg(long, value_delimiter = ',', requires = "slurm")]
+        bind_per_node: Vec<std::net::IpAddr>,
+        /// Slurm tasks: bind to this interface's IPv4 address on each node.
+        #[arg(long, requires = "slurm", conflicts_with = "bind_per_node")]
+        bind_interface: Option<String>,
     },
 }
 
@@ -159,8 +169,13 @@ fn main() -> ExitCode {
                 profile: &profile,
                 facts: &facts,
                 strict: false,
-                host_control: profile.kind == hosts::ProfileKind::Containers,
+                host_control: profile.kind == hosts::ProfileKind::Containers
+                    || profile
+                        .slurm
+                        .as_ref()
+                        .is_some_and(|s| s.test_cluster.is_some()),
                 no_audit: false,
+                slurm: profile.kind == hosts::ProfileKind::Slurm,
             };
             for l in load_all(&paths)? {
                 let s = &l.scenario;
@@ -266,7 +281,24 @@ fn main() -> ExitCode {
             rank,
             bind,
             token_stdin,
-        } => harness::rank::worker::run(rendezvous, rank, bind, token_stdin).map(|()| 0),
+            slurm,
+            bind_per_node,
+            bind_interface,
+        } => match (slurm, rank) {
+            (Some(layout), _) => harness::rank::slurm_task::run(
+                rendezvous,
+                &layout,
+                harness::rank::slurm_task::Binding {
+                    per_node: &bind_per_node,
+                    interface: bind_interface.as_deref(),
+                },
+            )
+            .map(i32::from),
+            (None, Some(rank)) => {
+                harness::rank::worker::run(rendezvous, rank, bind, token_stdin).map(|()| 0)
+            }
+            (None, None) => Err(anyhow::anyhow!("`wringer rank` needs --rank or --slurm")),
+        },
     };
     match outcome {
         Ok(code) => ExitCode::from(code as u8),

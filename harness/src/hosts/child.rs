@@ -58,3 +58,83 @@ pub fn run_bounded(cmd: &[&str], limit: Duration) -> Result<(Option<ExitStatus>,
     drop(child);
     Ok((status, reader.join().unwrap_or_default()))
 }
+
+/// Run a prepared command to completion within `limit` (fed `input`, or with stdin closed; in
+/// a process group of its own, which is killed when time runs out): its exit status, stdout
+/// and stderr.
+pub fn output_within(
+    cmd: &mut Command,
+    input: Option<&std::path::Path>,
+    limit: Duration,
+) -> std::io::Result<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()?;
+    let feeder = match (input, child.stdin.take()) {
+        (Some(path), Some(mut stdin)) => {
+            let mut file = std::fs::File::open(path)?;
+            Some(std::thread::spawn(move || {
+                let _ = std::io::copy(&mut file, &mut stdin);
+            }))
+        }
+        _ => None,
+    };
+    // One reader per pipe: a child that fills one pipe while we wait on the other would stall.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = vec![];
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: signals the process group made for this child alone.
+            unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("did not finish within {limit:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if let Some(f) = feeder {
+        let _ = f.join();
+    }
+    let (stdout, stderr) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    Ok(std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
+}

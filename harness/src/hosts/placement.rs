@@ -10,12 +10,15 @@ use anyhow::{Context, Result};
 
 use crate::hosts::containers::{self, ContainerHosts};
 use crate::hosts::profile::{HostProfile, ProfileKind};
+use crate::hosts::shell::{HostShell, Via};
+use crate::hosts::slurm::cluster::TestCluster;
+use crate::hosts::slurm::{BindRule, Slurm};
 use crate::hosts::ssh::{deploy, deploy_shipped, SshTarget};
 
-/// A host that ranks run on over SSH, with this build of wringer deployed.
+/// A host that ranks run on (over SSH, or a Slurm node), with this build of wringer on it.
 #[derive(Clone, Debug)]
 pub struct RemoteHost {
-    pub target: SshTarget,
+    pub target: HostShell,
     pub exe: String,
     /// What ranks on this host bind to and advertise.
     pub data_addr: String,
@@ -29,6 +32,11 @@ pub enum Placement {
         hosts: Vec<RemoteHost>,
         /// This machine's address as the hosts see it; the rendezvous listens there.
         rendezvous: std::net::IpAddr,
+        /// Ranks as one Slurm step per repeat, in this allocation (dropped before the test
+        /// cluster it may live on).
+        slurm: Option<Arc<Slurm>>,
+        /// The Slurm test cluster, whose daemons a healed container needs started again.
+        cluster: Option<Arc<TestCluster>>,
         /// Host-level fault control, when the hosts are our containers.
         containers: Option<Arc<ContainerHosts>>,
     },
@@ -42,11 +50,33 @@ impl Placement {
         }
     }
 
-    /// The host index rank `rank` runs on (ranks go round-robin over the hosts).
+    /// The host index rank `rank` runs on (ranks go round-robin over the hosts, or as the
+    /// Slurm profile lays them out).
     pub fn host_of(&self, rank: u32) -> usize {
         match self {
             Placement::Local => 0,
+            Placement::Remote {
+                slurm: Some(s),
+                hosts,
+                ..
+            } => s.layout.node_of(rank, hosts.len()),
             Placement::Remote { hosts, .. } => rank as usize % hosts.len(),
+        }
+    }
+
+    pub fn slurm(&self) -> Option<&Arc<Slurm>> {
+        match self {
+            Placement::Remote { slurm, .. } => slurm.as_ref(),
+            Placement::Local => None,
+        }
+    }
+
+    pub fn test_cluster(&self) -> Option<&TestCluster> {
+        match self {
+            Placement::Remote {
+                cluster: Some(c), ..
+            } => Some(c),
+            _ => None,
         }
     }
 
@@ -83,7 +113,7 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
                 deploy_shipped(&target, &exe)
                     .with_context(|| format!("deploying exec programs to {}", h.name))?;
                 hosts.push(RemoteHost {
-                    target,
+                    target: HostShell::ssh(target),
                     exe,
                     data_addr: h.data_ip.to_string(),
                 });
@@ -92,9 +122,12 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
             Ok(Placement::Remote {
                 hosts,
                 rendezvous,
+                slurm: None,
+                cluster: None,
                 containers: Some(Arc::new(c)),
             })
         }
+        ProfileKind::Slurm => prepare_slurm(profile, run_id),
         ProfileKind::Ssh => {
             let addr = profile
                 .coordinator_addr
@@ -132,7 +165,7 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
                 deploy_shipped(&target, &exe)
                     .with_context(|| format!("deploying exec programs to {}", target.name))?;
                 hosts.push(RemoteHost {
-                    target,
+                    target: HostShell::ssh(target),
                     exe,
                     data_addr: h.data_addr.value.clone(),
                 });
@@ -140,10 +173,89 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
             Ok(Placement::Remote {
                 hosts,
                 rendezvous,
+                slurm: None,
+                cluster: None,
                 containers: None,
             })
         }
     }
+}
+
+/// A Slurm profile: the test cluster started when asked for, the allocation obtained (or the
+/// caller's used), this build of wringer where the nodes can run it.
+fn prepare_slurm(profile: &HostProfile, run_id: &str) -> Result<Placement> {
+    let spec = profile
+        .slurm
+        .as_ref()
+        .context("a slurm profile needs `slurm:`")?;
+    let partition = spec
+        .partition
+        .as_ref()
+        .map_or("wringer", |p| p.value.as_str());
+    let (cluster, env, rendezvous) = match &spec.test_cluster {
+        Some(t) => {
+            containers::sweep_leftovers();
+            let c = TestCluster::start(spec.node_count() as u32, &t.image, partition, run_id)?;
+            let (env, gateway) = (c.env.clone(), c.hosts.gateway);
+            (Some(Arc::new(c)), env, gateway)
+        }
+        None => {
+            let addr = profile
+                .coordinator_addr
+                .as_ref()
+                .context("a slurm profile needs coordinator_addr: this machine's address that the nodes can reach (the rendezvous listens there)")?;
+            let ip: IpAddr = addr.value.parse().with_context(|| {
+                format!(
+                    "{}: coordinator_addr `{}` must be an IP address",
+                    profile.file.display(),
+                    addr.value
+                )
+            })?;
+            (None, vec![], ip)
+        }
+    };
+    let mut slurm = Slurm::obtain(spec, env, run_id, cluster.is_some())?;
+    if let Some(c) = &cluster {
+        // The test cluster's nodes get this build (and the exec programs) over SSH; a real
+        // cluster has it on a shared filesystem (`slurm.exe`).
+        for i in 0..c.nodes {
+            let target = c.hosts.target(i);
+            slurm.exe = deploy(&target, REMOTE_DIR)
+                .with_context(|| format!("deploying wringer to {}", target.name))?;
+            deploy_shipped(&target, &slurm.exe)
+                .with_context(|| format!("deploying exec programs to {}", target.name))?;
+        }
+        slurm.bind = BindRule::PerNode(c.data_addrs());
+        slurm.chdir = Some("/tmp".into());
+    }
+    let slurm = Arc::new(slurm);
+    let hosts = slurm
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| RemoteHost {
+            target: HostShell {
+                name: node.clone(),
+                via: Via::Slurm {
+                    slurm: Arc::clone(&slurm),
+                    node: node.clone(),
+                },
+            },
+            exe: slurm.exe.clone(),
+            data_addr: match &slurm.bind {
+                BindRule::PerNode(a) => a.get(i).map_or(String::new(), |a| a.to_string()),
+                _ => String::new(),
+            },
+        })
+        .collect();
+    let containers = cluster.as_ref().map(|c| Arc::clone(&c.hosts));
+    Ok(Placement::Remote {
+        hosts,
+        rendezvous,
+        slurm: Some(slurm),
+        cluster,
+        containers,
+    })
 }
 
 fn shellexpand_home(p: &str) -> String {

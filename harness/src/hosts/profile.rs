@@ -38,6 +38,9 @@ pub struct HostProfile {
     /// `rxe-vm` profiles: the VM.
     #[serde(default)]
     pub vm: Option<VmSpec>,
+    /// `slurm` profiles: the allocation and how steps are launched.
+    #[serde(default)]
+    pub slurm: Option<crate::hosts::slurm::profile::SlurmSpec>,
     /// Scenarios expected to fail here, each with a reason and a link (see `model::known`),
     #[serde(default)]
     pub known_failures: Vec<Spanned<KnownFailure>>,
@@ -92,6 +95,9 @@ pub enum ProfileKind {
     /// Two such VMs joined by a qemu socket link on 127.0.0.1, one rxe device each: a real
     /// two-host RoCE link on one machine. The run happens in the first, reaching both over SSH.
     RxeVmPair,
+    /// Ranks as one Slurm job step per repeat (`srun`), inside the caller's allocation or one
+    /// wringer obtains; optionally on a test cluster of containers started for the run.
+    Slurm,
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,6 +166,7 @@ impl HostProfile {
             ProfileKind::Ssh => self.hosts.len(),
             ProfileKind::RxeVm => 1,
             ProfileKind::RxeVmPair => 2,
+            ProfileKind::Slurm => self.slurm.as_ref().map_or(0, |s| s.node_count()),
         }
     }
 }
@@ -227,6 +234,28 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
             }
             Some(c) => safe(path, None, "containers.image", &c.image, Charset::Image)?,
         },
+        ProfileKind::Slurm => match &p.slurm {
+            None => {
+                return Err(InputError::plain(
+                    path,
+                    "a `slurm` profile needs `slurm: { nodes: N, time_limit: ... }`",
+                ))
+            }
+            Some(s) => {
+                if p.containers.is_some() || !p.hosts.is_empty() || p.vm.is_some() {
+                    return Err(InputError::plain(
+                        path,
+                        "a `slurm` profile takes no `containers`, `hosts` or `vm`: Slurm places the ranks",
+                    ));
+                }
+                s.check(path)?;
+                match (&s.test_cluster, &p.coordinator_addr) {
+                    (Some(_), _) => {}
+                    (None, None) => return Err(InputError::plain(path, "a `slurm` profile needs `coordinator_addr`: this machine's address that every node can reach (the rendezvous listens there)")),
+                    (None, Some(addr)) => coordinator_addr(path, addr)?,
+                }
+            }
+        },
         ProfileKind::Ssh => {
             if p.hosts.is_empty() {
                 return Err(InputError::plain(path, "an `ssh` profile needs `hosts:`"));
@@ -234,17 +263,7 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
             let Some(addr) = &p.coordinator_addr else {
                 return Err(InputError::plain(path, "an `ssh` profile needs `coordinator_addr`: this machine's address that every host can reach"));
             };
-            spanned(path, "coordinator_addr", addr, Charset::Address)?;
-            if addr.value.parse::<std::net::IpAddr>().is_err() {
-                return Err(located(
-                    path,
-                    &addr.referenced,
-                    format!(
-                        "coordinator_addr `{}` must be an IP address of this machine that every host can reach (the rendezvous listens on it)",
-                        addr.value
-                    ),
-                ));
-            }
+            coordinator_addr(path, addr)?;
             let mut seen = std::collections::BTreeSet::new();
             for h in &p.hosts {
                 let h = &h.value;
@@ -294,14 +313,35 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
     Ok(())
 }
 
+fn coordinator_addr(path: &Path, addr: &Spanned<String>) -> Result<(), InputError> {
+    spanned(path, "coordinator_addr", addr, Charset::Address)?;
+    if addr.value.parse::<std::net::IpAddr>().is_err() {
+        return Err(located(
+            path,
+            &addr.referenced,
+            format!(
+                "coordinator_addr `{}` must be an IP address of this machine that every host can reach (the rendezvous listens on it)",
+                addr.value
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy)]
-enum Charset {
+pub(crate) enum Charset {
     /// Host aliases, user names, device and interface names.
     Name,
     /// Host names and IP addresses.
     Address,
     Path,
     Image,
+    /// Slurm node lists (`n[0-2],gpu7`).
+    NodeList,
+    /// Slurm times (`30`, `1:00:00`, `2-00:00:00`).
+    Time,
+    /// The value of an allowed `srun` option (`--gres=gpu:1`, `--cpu-bind=cores`).
+    OptionValue,
 }
 
 fn placeholder(path: &Path, field: &str, v: &Spanned<String>) -> Result<(), InputError> {
@@ -318,7 +358,7 @@ fn placeholder(path: &Path, field: &str, v: &Spanned<String>) -> Result<(), Inpu
     Ok(())
 }
 
-fn spanned(
+pub(crate) fn spanned(
     path: &Path,
     field: &str,
     v: &Spanned<String>,
@@ -329,7 +369,7 @@ fn spanned(
 }
 
 /// Only characters that cannot start an option or mean anything to a shell.
-fn safe(
+pub(crate) fn safe(
     path: &Path,
     at: Option<&serde_saphyr::Location>,
     field: &str,
@@ -341,6 +381,9 @@ fn safe(
         Charset::Address => &['.', '_', '-', ':'],
         Charset::Path => &['.', '_', '-', '/', '~'],
         Charset::Image => &['.', '_', '-', '/', ':'],
+        Charset::NodeList => &['.', '_', '-', '[', ']', ','],
+        Charset::Time => &['-', ':'],
+        Charset::OptionValue => &['.', '_', '-', ':', ',', '=', '/', '+'],
     };
     let ok = !s.is_empty()
         && !s.starts_with('-')

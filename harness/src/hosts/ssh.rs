@@ -2,12 +2,11 @@
 //! lines without a local shell, every remote argument quoted, BatchMode and connect timeouts so
 //! an unreachable host is a clear failure and never a hang.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 #[derive(Clone, Debug)]
 pub struct SshTarget {
@@ -73,60 +72,13 @@ impl SshTarget {
 
     /// Run a remote command to completion within `limit`, feeding it `input`.
     pub fn run(&self, remote: &[&str], input: Option<&Path>, limit: Duration) -> Result<Output> {
-        let mut child = self
-            .command(remote)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .context("starting ssh (is OpenSSH's client installed?)")?;
-        let feeder = input.map(|p| {
-            let mut stdin = child.stdin.take().expect("piped");
-            let p = p.to_owned();
-            std::thread::spawn(move || -> std::io::Result<()> {
-                let mut f = std::fs::File::open(p)?;
-                std::io::copy(&mut f, &mut stdin)?;
-                stdin.flush()
-            })
-        });
-        let mut out = child.stdout.take().expect("piped");
-        let mut err = child.stderr.take().expect("piped");
-        let readers = std::thread::spawn(move || {
-            let (mut o, mut e) = (vec![], vec![]);
-            let _ = out.read_to_end(&mut o);
-            let _ = err.read_to_end(&mut e);
-            (o, e)
-        });
-        let deadline = Instant::now() + limit;
-        let status = loop {
-            if let Some(s) = child.try_wait()? {
-                break s;
+        crate::hosts::child::output_within(&mut self.command(remote), input, limit).map_err(|e| {
+            match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    anyhow::anyhow!("starting ssh (is OpenSSH's client installed?): {e}")
+                }
+                _ => anyhow::anyhow!("{}: `{}`: {e}", self.name, remote.join(" ")),
             }
-            if Instant::now() > deadline {
-                // SAFETY: signals the process group we created for this ssh.
-                unsafe { libc::killpg(child.id() as i32, libc::SIGKILL) };
-                let _ = child.wait();
-                bail!(
-                    "{}: `{}` did not finish within {limit:?}",
-                    self.name,
-                    remote.join(" ")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        if let Some(f) = feeder {
-            let _ = f.join();
-        }
-        let (stdout, stderr) = readers.join().unwrap_or_default();
-        Ok(Output {
-            status,
-            stdout,
-            stderr,
         })
     }
 
@@ -259,7 +211,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-use std::os::unix::process::CommandExt;
 
 #[cfg(test)]
 mod tests {

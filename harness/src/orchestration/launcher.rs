@@ -6,6 +6,8 @@
 //!   process-group leader there, reads the run token from stdin (never from the command line)
 //!   and exits when that stdin closes, so a dead coordinator or ssh leaves nothing behind. Every
 //!   rank is killed by remote process group at the end, and the host's process table is checked.
+//! - Slurm: one job step for all ranks (see `slurm_step`); cancelled at the end, and the
+//!   scheduler's step table is checked.
 
 use std::fs::File;
 use std::io::Write;
@@ -23,11 +25,13 @@ use crate::hosts::placement::Placement;
 use crate::hosts::placement::RemoteHost;
 use crate::model::scenario::{AuditCheck, Perturb};
 use crate::orchestration::audit;
+use crate::orchestration::slurm_step::SlurmStep;
 use crate::rank::protocol::TOKEN_ENV;
 
 struct RankProc {
-    /// The local process: the rank itself, or the `ssh` that carries it.
-    child: Child,
+    /// The local process: the rank itself, or the `ssh` that carries it (none under Slurm:
+    /// one srun carries them all).
+    child: Option<Child>,
     /// Kept open while the rank should live; a remote rank exits when it closes.
     stdin: Option<ChildStdin>,
     /// The rank's own PID on its host (reported in its hello); equals its process group.
@@ -52,6 +56,17 @@ pub struct RankGroup {
     pgid: i32,
     rendezvous: SocketAddr,
     killed: bool,
+    /// The ranks' Slurm step, when Slurm places them,
+    step: Option<SlurmStep>,
+    /// and what went wrong cancelling it (reported with the leftovers).
+    step_problems: Vec<String>,
+}
+
+/// What a Slurm step needs to know of the attempt.
+pub struct StepLimits {
+    pub deadline: Duration,
+    /// Faults strike ranks or hosts: a rank's bad exit must not end the others.
+    pub faults: bool,
 }
 
 impl RankGroup {
@@ -63,6 +78,7 @@ impl RankGroup {
         log_dir: &Path,
         placement: &Placement,
         tracing: Option<&Tracing>,
+        limits: StepLimits,
     ) -> Result<RankGroup> {
         std::fs::create_dir_all(log_dir)?;
         let mut group = RankGroup {
@@ -73,7 +89,34 @@ impl RankGroup {
             pgid: 0,
             rendezvous,
             killed: false,
+            step: None,
+            step_problems: vec![],
         };
+        if let Some(slurm) = placement.slurm() {
+            if tracing.is_some() {
+                anyhow::bail!("the lifecycle audit traces ranks with strace, which wringer does not run through Slurm steps (the policy skips such scenarios there)");
+            }
+            let logs = (0..ranks)
+                .map(|r| File::create(log_dir.join(format!("rank-{r}.log"))))
+                .collect::<std::io::Result<Vec<_>>>()?;
+            group.step = Some(SlurmStep::launch(
+                slurm,
+                ranks,
+                rendezvous,
+                token,
+                logs,
+                limits.deadline,
+                !limits.faults,
+            )?);
+            group.procs = (0..ranks)
+                .map(|_| RankProc {
+                    child: None,
+                    stdin: None,
+                    remote_pid: None,
+                })
+                .collect();
+            return Ok(group);
+        }
         for rank in 0..ranks {
             let log = File::create(log_dir.join(format!("rank-{rank}.log")))?;
             let (r, addr) = (rank.to_string(), rendezvous.to_string());
@@ -126,7 +169,13 @@ impl RankGroup {
                         &h.data_addr,
                         "--token-stdin",
                     ]);
-                    let mut c = h.target.command(&words);
+                    let crate::hosts::shell::Via::Ssh(ssh) = &h.target.via else {
+                        anyhow::bail!(
+                            "{}: a Slurm node is reached through the step",
+                            h.target.name
+                        );
+                    };
+                    let mut c = ssh.command(&words);
                     c.stdin(Stdio::piped());
                     c
                 }
@@ -160,7 +209,7 @@ impl RankGroup {
                 writeln!(s, "{token}").context("handing the run token to ssh")?;
             }
             group.procs.push(RankProc {
-                child,
+                child: Some(child),
                 stdin,
                 remote_pid: None,
             });
@@ -174,7 +223,10 @@ impl RankGroup {
 
     /// The local child's PID (the rank itself, or its ssh).
     pub fn local_pid(&self, rank: u32) -> Option<u32> {
-        self.procs.get(rank as usize).map(|p| p.child.id())
+        self.procs
+            .get(rank as usize)
+            .and_then(|p| p.child.as_ref())
+            .map(Child::id)
     }
 
     /// The rank's PID where it runs.
@@ -183,7 +235,7 @@ impl RankGroup {
         if self.is_remote() {
             p.remote_pid
         } else {
-            Some(p.child.id())
+            p.child.as_ref().map(Child::id)
         }
     }
 
@@ -202,9 +254,13 @@ impl RankGroup {
     }
 
     pub fn try_wait(&mut self, rank: usize) -> Option<std::process::ExitStatus> {
+        if let Some(step) = self.step.as_mut() {
+            return step.try_wait(rank);
+        }
         self.procs
             .get_mut(rank)
-            .and_then(|p| p.child.try_wait().ok().flatten())
+            .and_then(|p| p.child.as_mut())
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     fn target(&self, rank: u32) -> Option<&RemoteHost> {
@@ -279,6 +335,10 @@ impl RankGroup {
         if std::mem::replace(&mut self.killed, true) {
             return;
         }
+        if let Some(step) = self.step.as_mut() {
+            self.step_problems = step.end();
+            return;
+        }
         if let Placement::Remote { hosts, .. } = &self.placement {
             for (i, h) in hosts.iter().enumerate() {
                 let groups: Vec<String> = self
@@ -292,7 +352,7 @@ impl RankGroup {
                     let traced = if self.traced { "TRACED=1" } else { "TRACED=" };
                     let mut args = vec!["env", traced, "sh", "-c", script, "sh"];
                     args.extend(groups.iter().map(String::as_str));
-                    let _ = h.target.run(&args, None, Duration::from_secs(10));
+                    let _ = h.target.run(&args, Duration::from_secs(10));
                 }
             }
         }
@@ -303,9 +363,9 @@ impl RankGroup {
             let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGKILL);
             let _ = killpg(Pid::from_raw(self.pgid), Signal::SIGCONT);
         }
-        for p in &mut self.procs {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
+        for c in self.procs.iter_mut().filter_map(|p| p.child.as_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
         }
     }
 
@@ -325,7 +385,7 @@ impl RankGroup {
                 .with_context(|| format!("fetching {remote} from {}", h.target.name))?;
             let _ = h
                 .target
-                .run(&["rm", "-f", &remote], None, Duration::from_secs(10));
+                .run(&["rm", "-f", &remote], Duration::from_secs(10));
             std::fs::write(&local, &text)?;
             return Ok(text);
         }
@@ -336,6 +396,11 @@ impl RankGroup {
     /// anything in their process groups (the programs exec steps start). Locally the run's
     /// group is read from /proc; on remote hosts from `ps`.
     pub fn leftovers(&self) -> Vec<String> {
+        if let Some(step) = &self.step {
+            let mut left = self.step_problems.clone();
+            left.extend(step.leftovers());
+            return left;
+        }
         let Placement::Remote { hosts, .. } = &self.placement else {
             return self.local_leftovers();
         };

@@ -8,4 +8,5 @@ pub mod launcher;
 pub mod policy;
 pub mod preflight;
 pub mod runner;
+pub mod slurm_step;
 pub mod verdict;

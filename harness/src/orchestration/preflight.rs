@@ -79,7 +79,7 @@ fn remote(need: &Preflight, host: &RemoteHost) -> Result<(), String> {
             format!("{reason} (`{}` failed)", command.join(" ")),
         ),
     };
-    match target.run(&words, None, CHECK_LIMIT) {
+    match target.run(&words, CHECK_LIMIT) {
         Ok(out) if out.status.success() => Ok(()),
         Ok(_) => Err(why),
         Err(e) => Err(format!("{why}: {e:#}")),

@@ -3,5 +3,6 @@
 
 pub mod context;
 pub mod protocol;
+pub mod slurm_task;
 pub mod steps;
 pub mod worker;

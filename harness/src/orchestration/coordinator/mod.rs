@@ -21,8 +21,8 @@ use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
 use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb, StepSpec};
 use crate::orchestration::audit;
-use crate::orchestration::launcher::RankGroup;
 use crate::orchestration::launcher::Tracing;
+use crate::orchestration::launcher::{RankGroup, StepLimits};
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::{Step, StruckFault};
 
@@ -167,6 +167,10 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         plan.log_dir,
         plan.placement,
         tracing.as_ref(),
+        StepLimits {
+            deadline: plan.deadline,
+            faults: !plan.faults.is_empty(),
+        },
     )?;
     let cfg = Config {
         ranks: plan.ranks,
@@ -197,6 +201,17 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             if let Err(e) = c.heal() {
                 outcome.unexpected.push(format!(
                     "could not heal the container hosts after the faults: {e:#}"
+                ));
+            }
+        }
+        if let Some(cluster) = plan.placement.test_cluster() {
+            // A restarted node container needs its munged and slurmd again.
+            if let Err(e) = cluster
+                .start_daemons()
+                .and_then(|()| cluster.wait_nodes_up(Duration::from_secs(60)))
+            {
+                outcome.unexpected.push(format!(
+                    "could not bring the Slurm test cluster back after the faults: {e:#}"
                 ));
             }
         }
