@@ -211,7 +211,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,9 +58,10 @@ impl SlurmStep {
                 slurm.nodes.len()
             );
         }
+        slurm.ensure_standing()?;
         let name = format!("{}-{}", slurm.run_name, rendezvous.port());
         let mut cmd = slurm.client("srun");
-        cmd.arg(format!("--jobid={}", slurm.job))
+        cmd.arg(format!("--jobid={}", slurm.job()))
             .arg(format!("--job-name={name}"))
             .arg(format!("--nodes={nodes}"))
             .arg(format!("--nodelist={}", slurm.nodes[..nodes].join(",")))

@@ -141,9 +141,37 @@ impl TestCluster {
             .collect()
     }
 
+    /// After host faults: start the daemons of every container that was restarted, and have
+    /// slurmctld forget what ran on those nodes (down, then resumed). Returns those nodes: a
+    /// step that ran on one waits for tasks that no longer exist until its job ends.
+    pub fn recover(&self) -> Result<Vec<usize>> {
+        let restarted = self.start_daemons()?;
+        for node in restarted.iter().filter(|i| **i < self.nodes) {
+            let name = format!("NodeName=h{node}");
+            for state in ["State=DOWN", "State=RESUME"] {
+                let mut cmd = Command::new("scontrol");
+                cmd.args(["update", &name, state, "Reason=wringer-host-fault"])
+                    .envs(self.env.iter().map(|(k, v)| (k, v)));
+                let out = crate::hosts::child::output_within(&mut cmd, None, T)?;
+                let said = String::from_utf8_lossy(&out.stderr);
+                // A registered slurmd may return the node to service by itself
+                // (ReturnToService=2) before the resume: then there is nothing to resume.
+                if !out.status.success()
+                    && !(state == "State=RESUME" && said.contains("Invalid node state"))
+                {
+                    bail!("scontrol update {name} {state}: {}", said.trim());
+                }
+            }
+        }
+        self.wait_nodes_up(T)?;
+        Ok(restarted)
+    }
+
     /// Start munged and the Slurm daemon on every container where they are not running (all
-    /// at first; after a host fault, those of a restarted container).
-    pub fn start_daemons(&self) -> Result<()> {
+    /// at first; after a host fault, those of a restarted container). Returns the containers
+    /// whose Slurm daemon it started.
+    pub fn start_daemons(&self) -> Result<Vec<usize>> {
+        let mut started = vec![];
         for i in 0..=self.nodes {
             let daemon = if i == self.nodes {
                 "slurmctld"
@@ -153,13 +181,17 @@ impl TestCluster {
             let script = "mkdir -p /run/munge /var/spool/slurmctld /var/spool/slurmd /var/log/munge && \
                           chown munge:munge /run/munge /var/log/munge && \
                           { pidof munged >/dev/null || runuser -u munge -- /usr/sbin/munged </dev/null >/dev/null 2>&1; } && \
-                          { pidof \"$1\" >/dev/null || \"$1\" </dev/null >/dev/null 2>&1; }";
-            self.hosts
+                          if pidof \"$1\" >/dev/null; then echo running; else \"$1\" </dev/null >/dev/null 2>&1 && echo started; fi";
+            let said = self
+                .hosts
                 .target(i)
                 .check(&["sh", "-c", script, "sh", daemon], T)
                 .with_context(|| format!("starting {daemon}"))?;
+            if said.trim() == "started" {
+                started.push(i);
+            }
         }
-        Ok(())
+        Ok(started)
     }
 
     /// Wait (bounded) until every node is up in slurmctld's view.

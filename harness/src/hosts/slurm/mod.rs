@@ -80,12 +80,15 @@ pub enum BindRule {
 pub struct Slurm {
     /// Set for the clients (the test cluster's `SLURM_CONF`); empty for the caller's cluster.
     env: Vec<(String, String)>,
-    pub job: String,
+    /// The job now holding the allocation (renewed when a host fault has taken a node).
+    job: Mutex<String>,
     /// The allocation's nodes, in Slurm's order (the order of `SLURM_NODEID`).
     pub nodes: Vec<String>,
     /// The `salloc` holding an allocation we obtained (None: the caller's allocation), and
     /// the pipe its command reads: closing it releases the allocation.
     holder: Mutex<Option<(Child, ChildStdin)>>,
+    /// What `salloc` is asked, and how long it may wait (None: the caller's allocation).
+    salloc: Option<(Vec<String>, u32)>,
     /// Steps and the job are named after the run, so its leftovers can be told apart.
     pub run_name: String,
     /// This build of wringer, as the nodes see it.
@@ -101,7 +104,7 @@ pub struct Slurm {
 
 impl std::fmt::Debug for Slurm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Slurm job {} on {}", self.job, self.nodes.join(","))
+        write!(f, "Slurm job {} on {}", self.job(), self.nodes.join(","))
     }
 }
 
@@ -130,9 +133,10 @@ impl Slurm {
         };
         let mut slurm = Slurm {
             env,
-            job: String::new(),
+            job: Mutex::new(String::new()),
             nodes: vec![],
             holder: Mutex::new(None),
+            salloc: None,
             run_name,
             exe,
             bind,
@@ -143,33 +147,18 @@ impl Slurm {
         };
         match std::env::var("SLURM_JOB_ID") {
             Ok(job) if !test_cluster && !job.is_empty() => {
-                slurm.job = job;
+                *slurm.job.lock().unwrap_or_else(|p| p.into_inner()) = job;
             }
-            _ => slurm.allocate(spec)?,
+            _ => {
+                slurm.salloc = Some((salloc_args(spec, &slurm.run_name), spec.allocation_wait_s));
+                slurm.allocate()?;
+            }
         }
-        let list = slurm.check(&[
-            "squeue",
-            "--noheader",
-            "--jobs",
-            &slurm.job,
-            "--format=%T %N",
-        ])?;
-        let (state, nodelist) = list
-            .trim()
-            .split_once(' ')
-            .with_context(|| format!("job {} is not in squeue: `{}`", slurm.job, list.trim()))?;
-        if state != "RUNNING" {
-            bail!("job {} is {state}, not RUNNING", slurm.job);
-        }
-        slurm.nodes = slurm
-            .check(&["scontrol", "show", "hostnames", nodelist])?
-            .lines()
-            .map(str::to_string)
-            .collect();
+        slurm.nodes = slurm.job_nodes()?;
         if slurm.nodes.len() < spec.node_count() {
             bail!(
                 "the allocation (job {}) has {} nodes ({}); the profile asks for {}",
-                slurm.job,
+                slurm.job(),
                 slurm.nodes.len(),
                 slurm.nodes.join(","),
                 spec.node_count()
@@ -178,33 +167,63 @@ impl Slurm {
         Ok(slurm)
     }
 
-    /// `salloc` holding an allocation until our pipe closes; its command prints the job id.
-    fn allocate(&mut self, spec: &SlurmSpec) -> Result<()> {
-        let mut cmd = self.client("salloc");
-        cmd.arg(format!("--job-name={}", self.run_name))
-            .arg(format!("--time={}", spec.time_limit.value))
-            .arg(format!("--immediate={}", spec.allocation_wait_s))
-            // A host fault on one node must not end the allocation for the repeats after it.
-            .arg("--no-kill")
-            // Whole nodes: a step of any size up to the nodes' CPUs fits, and no other job
-            // shares the hosts that faults strike.
-            .arg("--exclusive");
-        match &spec.nodes.value {
-            Nodes::Count(n) => cmd.arg(format!("--nodes={n}")),
-            Nodes::List(l) => cmd
-                .arg(format!("--nodes={}", spec.node_count()))
-                .arg(format!("--nodelist={l}")),
-        };
-        for (flag, v) in [
-            ("partition", &spec.partition),
-            ("account", &spec.account),
-            ("qos", &spec.qos),
-        ] {
-            if let Some(v) = v {
-                cmd.arg(format!("--{flag}={}", v.value));
-            }
+    /// The job holding the allocation now.
+    pub fn job(&self) -> String {
+        self.job.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The running job's nodes, in Slurm's order.
+    fn job_nodes(&self) -> Result<Vec<String>> {
+        let job = self.job();
+        let list = self.check(&["squeue", "--noheader", "--jobs", &job, "--format=%T %N"])?;
+        let (state, nodelist) = list
+            .trim()
+            .split_once(' ')
+            .with_context(|| format!("job {job} is not in squeue: `{}`", list.trim()))?;
+        if state != "RUNNING" {
+            bail!("job {job} is {state}, not RUNNING");
         }
-        cmd.args(spec.allocation_options());
+        Ok(self
+            .check(&["scontrol", "show", "hostnames", nodelist])?
+            .lines()
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Before each repeat: the allocation must still hold every node. A host fault can take
+    /// one (Slurm drops a node it lost from the job); an allocation we obtained is then
+    /// released and obtained again, the caller's is an error.
+    pub fn ensure_standing(&self) -> Result<()> {
+        match self.job_nodes() {
+            Ok(nodes) if nodes == self.nodes => return Ok(()),
+            Ok(_) | Err(_) if self.salloc.is_none() => bail!(
+                "the allocation (job {}) no longer holds {}",
+                self.job(),
+                self.nodes.join(",")
+            ),
+            _ => {}
+        }
+        self.release();
+        self.allocate()?;
+        let nodes = self.job_nodes()?;
+        if nodes != self.nodes {
+            bail!(
+                "the new allocation (job {}) holds {}, not {}",
+                self.job(),
+                nodes.join(","),
+                self.nodes.join(",")
+            );
+        }
+        Ok(())
+    }
+
+    /// `salloc` holding an allocation until our pipe closes; its command prints the job id.
+    fn allocate(&self) -> Result<()> {
+        let Some((args, wait)) = &self.salloc else {
+            bail!("no allocation to obtain: the caller's is used");
+        };
+        let mut cmd = self.client("salloc");
+        cmd.args(args);
         cmd.args([
             "--",
             "sh",
@@ -240,7 +259,7 @@ impl Slurm {
                 s.push('\n');
             }
         });
-        let limit = Duration::from_secs(spec.allocation_wait_s as u64 + 10);
+        let limit = Duration::from_secs(*wait as u64 + 10);
         let deadline = Instant::now() + limit;
         let job = loop {
             if let Ok(job) = rx.recv_timeout(Duration::from_millis(50)) {
@@ -259,7 +278,7 @@ impl Slurm {
                 );
             }
         };
-        self.job = job;
+        *self.job.lock().unwrap_or_else(|p| p.into_inner()) = job;
         *self.holder.lock().unwrap_or_else(|p| p.into_inner()) = Some((child, stdin));
         Ok(())
     }
@@ -291,7 +310,7 @@ impl Slurm {
     /// Run `words` on one node of the allocation, as a small step beside the ranks' own.
     pub fn on_node(&self, node: &str, words: &[&str], limit: Duration) -> Result<Output> {
         let mut cmd = self.client("srun");
-        cmd.arg(format!("--jobid={}", self.job))
+        cmd.arg(format!("--jobid={}", self.job()))
             .arg(format!("--job-name={}-ctl", self.run_name))
             .arg(format!("--nodelist={node}"))
             .args(["--nodes=1", "--ntasks=1", "--overlap", "--quiet"])
@@ -303,16 +322,10 @@ impl Slurm {
             .with_context(|| format!("{node}: `{}`", words.join(" ")))
     }
 
-    /// The steps of this job whose name is `name`, as `JOB.STEP` ids.
+    /// Our steps named `name`, as `JOB.STEP` ids, in any job (an allocation renewed after a
+    /// host fault has a new job id; the step names carry the run and the attempt).
     pub fn steps_named(&self, name: &str) -> Result<Vec<String>> {
-        let table = self.check(&[
-            "squeue",
-            "--steps",
-            "--noheader",
-            "--jobs",
-            &self.job,
-            "--format=%i %j",
-        ])?;
+        let table = self.check(&["squeue", "--steps", "--me", "--noheader", "--format=%i %j"])?;
         Ok(table
             .lines()
             .filter_map(|l| l.trim().split_once(' '))
@@ -331,15 +344,6 @@ impl Slurm {
         self.check(&words).map(|_| ())
     }
 
-    /// Whether the allocation still stands with all its nodes (a host fault can take one).
-    pub fn standing(&self) -> Result<()> {
-        let state = self.check(&["squeue", "--noheader", "--jobs", &self.job, "--format=%T"])?;
-        match state.trim() {
-            "RUNNING" => Ok(()),
-            other => bail!("job {} is `{other}`, not RUNNING", self.job),
-        }
-    }
-
     /// Release an allocation we obtained: close the holder's pipe (salloc then gives it back
     /// itself), and cancel the job if salloc has not within a few seconds.
     pub fn release(&self) {
@@ -353,11 +357,43 @@ impl Slurm {
             std::thread::sleep(Duration::from_millis(20));
         }
         if child.try_wait().ok().flatten().is_none() {
-            let _ = self.check(&["scancel", "--quiet", &self.job]);
+            let _ = self.check(&["scancel", "--quiet", &self.job()]);
             let _ = child.kill();
         }
         let _ = child.wait();
     }
+}
+
+/// What wringer asks `salloc` for (the command that holds the allocation follows).
+fn salloc_args(spec: &SlurmSpec, run_name: &str) -> Vec<String> {
+    let mut args = vec![
+        format!("--job-name={run_name}"),
+        format!("--time={}", spec.time_limit.value),
+        format!("--immediate={}", spec.allocation_wait_s),
+        // A host fault on one node must not end the allocation for the repeats after it.
+        "--no-kill".into(),
+        // Whole nodes: a step of any size up to the nodes' CPUs fits, and no other job shares
+        // the hosts that faults strike.
+        "--exclusive".into(),
+    ];
+    match &spec.nodes.value {
+        Nodes::Count(n) => args.push(format!("--nodes={n}")),
+        Nodes::List(l) => {
+            args.push(format!("--nodes={}", spec.node_count()));
+            args.push(format!("--nodelist={l}"));
+        }
+    }
+    for (flag, v) in [
+        ("partition", &spec.partition),
+        ("account", &spec.account),
+        ("qos", &spec.qos),
+    ] {
+        if let Some(v) = v {
+            args.push(format!("--{flag}={}", v.value));
+        }
+    }
+    args.extend(spec.allocation_options());
+    args
 }
 
 impl Drop for Slurm {

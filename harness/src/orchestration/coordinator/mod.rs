@@ -205,14 +205,18 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             }
         }
         if let Some(cluster) = plan.placement.test_cluster() {
-            // A restarted node container needs its munged and slurmd again.
-            if let Err(e) = cluster
-                .start_daemons()
-                .and_then(|()| cluster.wait_nodes_up(Duration::from_secs(60)))
-            {
-                outcome.unexpected.push(format!(
+            match cluster.recover() {
+                // A step that ran on a node killed under it never completes while its job
+                // lives: the allocation goes (the next repeat obtains a new one).
+                Ok(restarted) if !restarted.is_empty() => {
+                    if let Some(slurm) = plan.placement.slurm() {
+                        slurm.release();
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => outcome.unexpected.push(format!(
                     "could not bring the Slurm test cluster back after the faults: {e:#}"
-                ));
+                )),
             }
         }
     }
