@@ -131,6 +131,10 @@ enum Command {
         /// Slurm tasks: bind to this interface's IPv4 address on each node.
         #[arg(long, requires = "slurm", conflicts_with = "bind_per_node")]
         bind_interface: Option<String>,
+        /// Slurm tasks: run the rank under this command (strace, for the lifecycle audit),
+        /// one word each; `{rank}` becomes the rank.
+        #[arg(long = "trace-word", requires = "slurm", allow_hyphen_values = true)]
+        trace_words: Vec<String>,
     },
 }
 
@@ -175,7 +179,6 @@ fn main() -> ExitCode {
                         .as_ref()
                         .is_some_and(|s| s.test_cluster.is_some()),
                 no_audit: false,
-                slurm: profile.kind == hosts::ProfileKind::Slurm,
             };
             for l in load_all(&paths)? {
                 let s = &l.scenario;
@@ -284,6 +287,7 @@ fn main() -> ExitCode {
             slurm,
             bind_per_node,
             bind_interface,
+            trace_words,
         } => match (slurm, rank) {
             (Some(layout), _) => harness::rank::slurm_task::run(
                 rendezvous,
@@ -292,6 +296,7 @@ fn main() -> ExitCode {
                     per_node: &bind_per_node,
                     interface: bind_interface.as_deref(),
                 },
+                &trace_words,
             )
             .map(i32::from),
             (None, Some(rank)) => {

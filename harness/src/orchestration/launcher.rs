@@ -93,9 +93,16 @@ impl RankGroup {
             step_problems: vec![],
         };
         if let Some(slurm) = placement.slurm() {
-            if tracing.is_some() {
-                anyhow::bail!("the lifecycle audit traces ranks with strace, which wringer does not run through Slurm steps (the policy skips such scenarios there)");
-            }
+            // Each task's supervisor runs its rank under strace; `{rank}` in the trace's path
+            // becomes the task's rank there.
+            let trace = tracing.map(|t| {
+                audit::strace_command(
+                    t.checks,
+                    t.perturb,
+                    t.seed,
+                    Path::new(&remote_trace(rendezvous, "{rank}")),
+                )
+            });
             let logs = (0..ranks)
                 .map(|r| File::create(log_dir.join(format!("rank-{r}.log"))))
                 .collect::<std::io::Result<Vec<_>>>()?;
@@ -107,6 +114,7 @@ impl RankGroup {
                 logs,
                 limits.deadline,
                 !limits.faults,
+                trace.as_deref(),
             )?);
             group.procs = (0..ranks)
                 .map(|_| RankProc {
@@ -467,7 +475,7 @@ impl Drop for RankGroup {
 
 /// Where a remote rank's trace is written on its host (unique per attempt: the rendezvous
 /// port is).
-fn remote_trace(rendezvous: SocketAddr, rank: u32) -> String {
+fn remote_trace(rendezvous: SocketAddr, rank: impl std::fmt::Display) -> String {
     format!(
         "/tmp/wringer-trace-{}-rank-{rank}.strace",
         rendezvous.port()

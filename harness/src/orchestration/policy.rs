@@ -45,8 +45,6 @@ pub struct Policy<'a> {
     pub host_control: bool,
     /// `--no-audit`: nothing runs under strace.
     pub no_audit: bool,
-    /// Ranks run as Slurm steps (where wringer does not trace them).
-    pub slurm: bool,
 }
 
 impl Policy<'_> {
@@ -68,13 +66,6 @@ impl Policy<'_> {
         }
         let traced = !self.no_audit
             && (!s.audit.is_empty() || !s.perturb.is_empty() || !self.profile.audit.is_empty());
-        if traced && self.slurm {
-            let reason = SkipReason {
-                code: "no-audit-through-slurm",
-                detail: "the lifecycle audit traces ranks with strace, which wringer does not run inside Slurm steps; `--no-audit` runs the scenario unaudited".into(),
-            };
-            return self.unmet(reason, &[]);
-        }
         if let Some(f) = self.facts.iter().find(|f| traced && !f.strace) {
             let reason = SkipReason {
                 code: "no-strace",
@@ -159,7 +150,6 @@ mod tests {
             strict,
             host_control,
             no_audit: false,
-            slurm: false,
         };
         policy.decide(&scenario(s).scenario)
     }
@@ -210,7 +200,6 @@ mod tests {
             strict: false,
             host_control: false,
             no_audit: false,
-            slurm: false,
         };
         let Decision::Skip(why) = policy.decide(&s.scenario) else {
             panic!("expected a skip")
@@ -240,7 +229,6 @@ mod tests {
             strict: false,
             host_control: false,
             no_audit: false,
-            slurm: false,
         };
         let Decision::Skip(why) = policy.decide(&s.scenario) else {
             panic!("expected a skip")
@@ -265,7 +253,6 @@ mod tests {
             strict: false,
             host_control: false,
             no_audit: false,
-            slurm: false,
         };
         let rdma = [Requirement::Rdma];
         assert!(matches!(

@@ -93,7 +93,6 @@ pub fn run(
         strict: opts.strict,
         host_control: placement.containers().is_some(),
         no_audit: opts.no_audit,
-        slurm: placement.slurm().is_some(),
     };
     if matches!(profile.kind, ProfileKind::RxeVm | ProfileKind::RxeVmPair) {
         // The whole run happens inside the VM; its results are recorded here as they are.

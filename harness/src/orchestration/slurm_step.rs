@@ -5,7 +5,8 @@
 //! - Output comes back labelled by task (`--label`) and is split into the rank logs.
 //! - Each task is a small supervisor around the rank (`wringer rank --slurm`), which prints
 //!   the rank's exit status as a marker line, so a rank's end is known when it happens, not
-//!   when the whole step ends.
+//!   when the whole step ends. For the lifecycle audit it runs the rank under strace; the
+//!   traces are fetched from the nodes like SSH hosts' (through `srun --overlap`).
 //! - Cancelled with `scancel` on every exit path; srun itself dies with the coordinator
 //!   (PR_SET_PDEATHSIG, set by the launcher), which closes the tasks' stdin.
 
@@ -49,6 +50,7 @@ impl SlurmStep {
         logs: Vec<File>,
         deadline: Duration,
         kill_on_bad_exit: bool,
+        trace: Option<&[String]>,
     ) -> Result<SlurmStep> {
         let nodes = slurm.layout.nodes_for(ranks, slurm.nodes.len());
         if nodes > slurm.nodes.len() {
@@ -106,6 +108,13 @@ impl SlurmStep {
             }
             BindRule::NodeName => {}
         }
+        // `=` keeps a word that starts with `-` a value.
+        cmd.args(
+            trace
+                .unwrap_or_default()
+                .iter()
+                .map(|w| format!("--trace-word={w}")),
+        );
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

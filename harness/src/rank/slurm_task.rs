@@ -23,9 +23,9 @@ pub struct Binding<'a> {
 
 /// Run as a Slurm task: supervise, or (in the supervised child) be the rank. Returns the exit
 /// code for this process.
-pub fn run(rendezvous: SocketAddr, layout: &str, binding: Binding) -> Result<u8> {
+pub fn run(rendezvous: SocketAddr, layout: &str, binding: Binding, trace: &[String]) -> Result<u8> {
     if std::env::var_os(SUPERVISED).is_none() {
-        return supervise();
+        return supervise(trace);
     }
     let layout = Layout::parse(layout)
         .with_context(|| format!("--slurm `{layout}`: expected `cyclic` or `block:N`"))?;
@@ -34,10 +34,20 @@ pub fn run(rendezvous: SocketAddr, layout: &str, binding: Binding) -> Result<u8>
     crate::rank::worker::run(rendezvous, rank, bind, true).map(|()| 0)
 }
 
-/// Start this same command as the rank, wait for it, print its status, and end as it did.
-fn supervise() -> Result<u8> {
+/// Start this same command as the rank (under `trace` when given), wait for it, print its
+/// status, and end as it did.
+fn supervise(trace: &[String]) -> Result<u8> {
     let exe = std::env::current_exe().context("locating wringer")?;
-    let mut child = std::process::Command::new(exe);
+    let rank = std::env::var("SLURM_PROCID").unwrap_or_default();
+    let mut child = match trace.split_first() {
+        Some((program, words)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(words.iter().map(|w| w.replace("{rank}", &rank)))
+                .arg(exe);
+            c
+        }
+        None => std::process::Command::new(exe),
+    };
     child.args(std::env::args_os().skip(1)).env(SUPERVISED, "1");
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent: the rank dies
     // with its supervisor (a cancelled step kills the supervisor first).
