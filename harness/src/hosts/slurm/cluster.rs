@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::hosts::child::Reaped;
 use crate::hosts::containers::ContainerHosts;
 
 const T: Duration = Duration::from_secs(60);
@@ -25,7 +24,7 @@ pub struct TestCluster {
     pub env: Vec<(String, String)>,
     dir: PathBuf,
     /// This machine's munged, with the run's key.
-    munged: Option<Reaped>,
+    munged: Option<LocalMunged>,
 }
 
 impl TestCluster {
@@ -232,10 +231,20 @@ impl TestCluster {
         }
     }
 
-    fn start_local_munged(&self, key: &std::path::Path) -> Result<Reaped> {
+    /// munged here, under a small shell that outlives us by 3 s: a killed coordinator's
+    /// salloc still needs munged to give its allocation back. The shell reads our pipe; at its
+    /// end (we are gone) it waits, then ends munged. A normal end stops the whole group.
+    fn start_local_munged(&self, key: &std::path::Path) -> Result<LocalMunged> {
+        use std::os::unix::process::CommandExt;
         let socket = self.dir.join("munge/munge.sock");
-        let child = Command::new("munged")
-            .arg("--foreground")
+        let child = Command::new("sh")
+            .args([
+                "-c",
+                "\"$@\" & m=$!; cat >/dev/null; sleep 3; kill $m; wait $m",
+                "sh",
+                "munged",
+                "--foreground",
+            ])
             .arg(format!("--key-file={}", key.display()))
             .arg(format!("--socket={}", socket.display()))
             .arg(format!(
@@ -250,12 +259,13 @@ impl TestCluster {
                 "--log-file={}",
                 self.dir.join("munged.log").display()
             ))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .context("starting munged here")?;
-        let mut child = Reaped(child);
+        let mut child = LocalMunged(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
             if let Some(s) = child.0.try_wait()? {
@@ -270,6 +280,17 @@ impl TestCluster {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(child)
+    }
+}
+
+/// The shell holding munged here; its process group ends when dropped.
+struct LocalMunged(std::process::Child);
+
+impl Drop for LocalMunged {
+    fn drop(&mut self) {
+        // SAFETY: signals the process group made for this shell and its munged alone.
+        unsafe { libc::killpg(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
     }
 }
 

@@ -67,7 +67,7 @@ fn default_allocation_wait() -> u32 {
 }
 
 fn default_image() -> String {
-    "wringer-slurm:bookworm".into()
+    "wringer-slurm:local".into()
 }
 
 /// The `srun` options a profile may add: (name, takes a value, also asked of an allocation
