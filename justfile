@@ -67,7 +67,7 @@ nightly hosts="": build-deps (apt "sockperf" "iperf3")
 
 # Parse and check every scenario and the runnable host profiles (the example pair inventories hold placeholders on purpose).
 validate:
-    cargo run -q -p harness -- validate scenarios hosts/local.yaml hosts/containers.yaml hosts/rxe.yaml hosts/rxe-vm.yaml hosts/rxe-vm-pair.yaml
+    cargo run -q -p harness -- validate scenarios hosts/local.yaml hosts/containers.yaml hosts/rxe.yaml hosts/rxe-vm.yaml hosts/rxe-vm-pair.yaml hosts/slurm-containers.yaml hosts/slurm/hold.yaml hosts/slurm/watchdog.yaml
 
 # The programs the exec scenarios run: Debian's Gloo, libfabric and UCX, and wringer-gloo (a small driver for the real Gloo, external/gloo) built into target/external.
 external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++")
@@ -77,6 +77,27 @@ external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++")
 # Build the container test-host image locally (debootstrap + docker import; no registry needed). Idempotent.
 setup-containers: (apt "debootstrap" "openssh-client")
     bash hosts/image/build.sh wringer-host:bookworm
+
+# Build the Slurm test-cluster image locally (Debian's slurmctld, slurmd and munge, from this machine's release, since the clients here must speak the daemons' release), and install the clients here (this machine is the login node). Idempotent.
+setup-slurm: (apt "debootstrap" "openssh-client" "munge" "slurm-client")
+    bash hosts/image/build.sh wringer-slurm:local "$(. /etc/os-release && echo "$VERSION_CODENAME")" slurmctld,slurmd,slurm-client,munge
+
+# The cross-host TCP scenarios and tcp-pingpong-8rank as Slurm job steps (srun), on a real Slurm cluster of containers started for the run (slurmctld and three slurmd); then the cleanup checks (after SIGINT, a watchdog kill and a coordinator SIGKILL, no step of the run is left in squeue within 5 s).
+test-slurm hosts="hosts/slurm-containers.yaml" *args="": build-deps setup-slurm external
+    #!/usr/bin/env bash
+    set -uo pipefail
+    cargo build --release -q -p harness || exit 2
+    w=target/release/wringer
+    PATH="$PWD/target/external:$PATH" $w run --hosts {{hosts}} {{args}} \
+        scenarios/tcp-xhost-*.yaml scenarios/gloo-xhost-*.yaml scenarios/tcp-pingpong-8rank.yaml
+    first=$?
+    [ $first = 2 ] && exit 2
+    second=0
+    if [ "{{hosts}}" = "hosts/slurm-containers.yaml" ]; then
+        bash scripts/slurm-cleanup-check.sh $w
+        second=$?
+    fi
+    exit $(( first > second ? first : second ))
 
 # Make this machine able to run the rxe-vm profile: qemu, rdma-core, perftest, virtme-ng and a Debian kernel with rdma_rxe. Idempotent.
 setup-rxe:

@@ -93,6 +93,13 @@ enum Command {
         /// Only the RDMA rows (used inside the rxe VM by `just bench-rdma`).
         #[arg(long)]
         rdma_only: bool,
+        /// Only the launcher rows: start --ranks ranks through this Slurm profile against
+        /// --launch-ssh (`just bench-launch`).
+        #[arg(long, requires = "launch_ssh")]
+        launch_slurm: Option<PathBuf>,
+        /// The SSH profile the Slurm launcher is measured against.
+        #[arg(long, requires = "launch_slurm")]
+        launch_ssh: Option<PathBuf>,
     },
     /// Write one self-contained HTML page from run folders and the history of earlier runs.
     Report {
@@ -230,6 +237,8 @@ fn main() -> ExitCode {
             out,
             ranks,
             rdma_only,
+            launch_slurm,
+            launch_ssh,
         } => (|| {
             // Read first: a missing or broken earlier report is an input error before any work.
             use anyhow::Context as _;
@@ -248,6 +257,7 @@ fn main() -> ExitCode {
                 out_dir: out.clone(),
                 ranks,
                 rdma_only,
+                launch: launch_slurm.zip(launch_ssh),
             };
             let report = bench::run(&opts)?;
             let mut text = bench::markdown(&report);

@@ -3,6 +3,7 @@
 //! median ratio with its spread (Markdown and JSON, every round kept raw). Benchmarks never fail
 //! a build; a goal that is missed is reported as missed.
 
+mod launch;
 mod method;
 mod ours;
 mod reference;
@@ -25,6 +26,9 @@ pub struct BenchOptions {
     pub ranks: Vec<u32>,
     /// Only the RDMA rows (for a run inside the rxe VM, where TCP numbers mean little).
     pub rdma_only: bool,
+    /// Only the launcher rows: a Slurm profile against an SSH profile over the same number of
+    /// hosts (`just bench-launch`).
+    pub launch: Option<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -357,6 +361,12 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     };
     if opts.rdma_only {
         return Ok(report(rdma_rows(method), placement));
+    }
+    if let Some((slurm, ssh)) = &opts.launch {
+        let logs = opts.out_dir.join("bench-logs");
+        let rows = launch::rows(slurm, ssh, &opts.ranks, method, &logs)?;
+        let _ = std::fs::remove_dir_all(&logs);
+        return Ok(report(rows, placement));
     }
     let mut rows = tcp_rows(opts, method, placement.as_ref());
     rows.extend(rdma_rows(method));

@@ -238,43 +238,52 @@ pub fn teardown_rate(n: usize) -> Result<f64> {
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Median time (ms) for the coordinator to start `ranks` rank processes and finish the
+/// Median time (ms) for the coordinator to start `ranks` local rank processes and finish the
 /// rendezvous, over `tries` runs of a one-step scenario.
 pub fn coordinator_startup(ranks: u32, tries: usize, log_dir: &Path) -> Result<f64> {
+    let mut times = (0..tries)
+        .map(|t| {
+            let dir = log_dir.join(format!("startup-{ranks}-{t}"));
+            startup_once(ranks, &crate::hosts::placement::Placement::Local, &dir)
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
+/// The time (ms) for the coordinator to start `ranks` ranks where `placement` puts them and
+/// finish the rendezvous, in one run of a one-step scenario.
+pub fn startup_once(
+    ranks: u32,
+    placement: &crate::hosts::placement::Placement,
+    log_dir: &Path,
+) -> Result<f64> {
     let steps = [Step::Stall(Stall {
         duration: Dur(Duration::from_millis(1)),
         deadline: Dur(Duration::from_secs(10)),
     })];
     let never = AtomicBool::new(false);
-    let mut times = vec![];
-    for t in 0..tries {
-        let dir = log_dir.join(format!("startup-{ranks}-{t}"));
-        let plan = Plan {
-            audit: &[],
-            perturb: &[],
-            ranks,
-            steps: &steps,
-            faults: &[],
-            deadline: Duration::from_secs(60),
-            seed: 0,
-            log_dir: &dir,
-            interrupted: &never,
-            placement: &crate::hosts::placement::Placement::Local,
-        };
-        let attempt = coordinator::run(&plan);
-        if let Some(e) = attempt.setup_error {
-            anyhow::bail!("{ranks} ranks: {e}");
-        }
-        times.push(
-            attempt
-                .rendezvous
-                .context("the rendezvous never completed")?
-                .as_secs_f64()
-                * 1e3,
-        );
+    let plan = Plan {
+        audit: &[],
+        perturb: &[],
+        ranks,
+        steps: &steps,
+        faults: &[],
+        deadline: Duration::from_secs(60),
+        seed: 0,
+        log_dir,
+        interrupted: &never,
+        placement,
+    };
+    let attempt = coordinator::run(&plan);
+    if let Some(e) = attempt.setup_error {
+        anyhow::bail!("{ranks} ranks: {e}");
     }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
+    Ok(attempt
+        .rendezvous
+        .context("the rendezvous never completed")?
+        .as_secs_f64()
+        * 1e3)
 }
 
 /// An RC connection to this host itself on `port`: the accepted side runs `serve` on a thread
