@@ -145,6 +145,88 @@ fn inventories_with_a_non_address_a_zero_port_or_twin_hosts_are_refused() {
 }
 
 #[test]
+fn slurm_profiles_with_unsafe_or_malformed_values_are_refused_where_they_are() {
+    let slurm = |tag: &str, body: &str| {
+        let yaml = format!(
+            "name: s\ndescription: d\nkind: slurm\ncoordinator_addr: \"10.0.0.9\"\nslurm:\n{body}"
+        );
+        validate_at(&format!("s-{tag}"), "hosts/s.yaml", &yaml)
+    };
+    let good = "  partition: batch\n  nodes: \"gpu[01-03]\"\n  time_limit: \"1:00:00\"\n  srun_options: [\"--exclusive\", \"--gres=gpu:1\"]\n";
+    assert_eq!(slurm("ok", good).0, 0, "{}", slurm("ok", good).1);
+    let cases = [
+        // (tag, body, where, what the error must say)
+        (
+            "export",
+            "  nodes: 2\n  time_limit: \"30\"\n  srun_options: [\"--export=ALL\"]\n",
+            "s.yaml:8:",
+            "not allowed",
+        ),
+        (
+            "shell",
+            "  nodes: 2\n  time_limit: \"30\"\n  srun_options: [\"--gres=gpu;reboot\"]\n",
+            "s.yaml:8:",
+            "not allowed",
+        ),
+        (
+            "prolog",
+            "  nodes: 2\n  time_limit: \"30\"\n  srun_options:\n    - \"--task-prolog=/tmp/x\"\n",
+            "s.yaml:9:",
+            "not allowed",
+        ),
+        (
+            "nodelist",
+            "  nodes: \"n[0-2\"\n  time_limit: \"30\"\n",
+            "s.yaml:6:",
+            "without `]`",
+        ),
+        (
+            "zero",
+            "  nodes: 0\n  time_limit: \"30\"\n",
+            "s.yaml:6:",
+            "1..=4096",
+        ),
+        (
+            "time",
+            "  nodes: 2\n  time_limit: \"1:2:3:4\"\n",
+            "s.yaml:7:",
+            "not a Slurm time",
+        ),
+        (
+            "option",
+            "  partition: \"-p\"\n  nodes: 2\n  time_limit: \"30\"\n",
+            "s.yaml:6:",
+            "not starting with `-`",
+        ),
+        (
+            "account",
+            "  account: \"a b\"\n  nodes: 2\n  time_limit: \"30\"\n",
+            "s.yaml:6:",
+            "slurm.account",
+        ),
+        (
+            "cluster-list",
+            "  nodes: \"n[0-2]\"\n  time_limit: \"30\"\n  test_cluster: {}\n",
+            "s.yaml:6:",
+            "given as a count",
+        ),
+    ];
+    for (tag, body, at, what) in cases {
+        let (code, err) = slurm(tag, body);
+        assert_eq!(code, 2, "{tag}: {err}");
+        assert!(err.contains(at) && err.contains(what), "{tag}: {err}");
+    }
+    // Without a test cluster, the rendezvous needs an address the nodes reach.
+    let (code, err) = validate_at(
+        "s-addr",
+        "hosts/s.yaml",
+        "name: s\ndescription: d\nkind: slurm\nslurm: { nodes: 2, time_limit: \"30\" }\n",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("coordinator_addr"), "{err}");
+}
+
+#[test]
 fn validate_locates_every_bad_file_and_never_passes_one_silently() {
     let stall = "stall: { duration: 1s, deadline: 5s }";
     let cases = [
