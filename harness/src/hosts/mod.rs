@@ -1,7 +1,7 @@
 //! Layer 2, hosts: host profiles and what the hosts can do. The probe, placement (where ranks
 //! go), SSH, container hosts, soft-RoCE VMs, and the process-level tools (/proc, bounded
 //! children, stacks), where exec programs are found (programs), one way to run a command on
-//! any host (shell), and Slurm as a launcher (slurm).
+//! any host (shell), Slurm as a launcher (slurm), and the checks on profile values (values).
 
 pub mod child;
 pub mod containers;
@@ -13,4 +13,5 @@ pub mod programs;
 pub mod shell;
 pub mod slurm;
 pub mod ssh;
+pub mod values;
 pub mod vm;

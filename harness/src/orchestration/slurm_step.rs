@@ -21,10 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::hosts::slurm::{BindRule, Slurm};
-
-/// The line a task's supervisor prints when its rank ends: the raw wait status follows.
-pub const EXIT_MARKER: &str = "@wringer-rank-exit ";
+use crate::hosts::slurm::{BindRule, Slurm, EXIT_MARKER};
 
 /// How long the step may take to leave the scheduler's table once cancelled.
 pub const GONE_WITHIN: Duration = Duration::from_secs(5);

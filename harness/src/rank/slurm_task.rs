@@ -10,8 +10,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 
 use anyhow::{bail, Context, Result};
 
-use crate::hosts::slurm::Layout;
-use crate::orchestration::slurm_step::EXIT_MARKER;
+use crate::hosts::slurm::{Layout, EXIT_MARKER};
 
 /// Set in the supervised child, so it runs the rank instead of supervising again.
 const SUPERVISED: &str = "WRINGER_SLURM_SUPERVISED";

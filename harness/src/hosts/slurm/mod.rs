@@ -23,6 +23,9 @@ use profile::{Nodes, SlurmSpec};
 
 const CLIENT_LIMIT: Duration = Duration::from_secs(30);
 
+/// The line a Slurm task's supervisor prints when its rank ends: the raw wait status follows.
+pub const EXIT_MARKER: &str = "@wringer-rank-exit ";
+
 /// How ranks place themselves on the step's nodes; the coordinator's `host_of` uses the same.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {

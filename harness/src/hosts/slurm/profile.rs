@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use crate::hosts::profile::{safe, spanned, Charset};
+use crate::hosts::values::{safe, spanned, Charset};
 use crate::model::input::{located, InputError};
 
 #[derive(Debug, Deserialize)]
