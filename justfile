@@ -150,6 +150,10 @@ bench-twice *args="": build-deps (apt "sockperf" "iperf3")
     cargo run --release -q -p harness --bin wringer -- bench --out reports/bench-1 {{args}}
     cargo run --release -q -p harness --bin wringer -- bench --out reports/bench-2 --against reports/bench-1/bench.json {{args}}
 
+# Launchers compared: start 8, 32 and 64 ranks over three hosts and finish the rendezvous, through srun on the Slurm test cluster against the SSH fan-out to the container hosts (alternating rounds; reports/bench-launch/).
+bench-launch *args="": build-deps setup-slurm setup-containers
+    cargo run --release -q -p harness --bin wringer -- bench --launch-slurm hosts/slurm-containers.yaml --launch-ssh hosts/containers.yaml --ranks 8,32,64 --out reports/bench-launch {{args}}
+
 # The RDMA rows of the bench (ours vs ib_send_lat and ib_write_bw, same VM, same sizes), inside a soft-RoCE VM.
 bench-rdma: build-deps setup-rxe
     #!/usr/bin/env bash

@@ -160,6 +160,9 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         perturb: plan.perturb,
         seed: plan.seed,
     });
+    // The attempt's clock starts before the ranks are launched: the rendezvous time counts
+    // the launcher's own work (spawning, or a Slurm step's set-up), and so do the deadlines.
+    let launched = Instant::now();
     let mut group = RankGroup::start(
         plan.ranks,
         addr,
@@ -191,7 +194,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             .then(|| (0..plan.ranks).map(|r| group.pid(r).unwrap_or(0)).collect()),
         host_of: (0..plan.ranks).map(|r| plan.placement.host_of(r)).collect(),
     };
-    let mut core = Core::new(cfg, Instant::now());
+    let mut core = Core::new(cfg, launched);
     let result = drive(plan, &mut core, &mut group, &events, &token, attempt);
     // Everything ends here, on every path: hosts healed (so they can be reached), ranks killed
     // (stopped ones included), the hosts' process tables checked, then our threads.
