@@ -92,6 +92,8 @@ pub struct Slurm {
     holder: Mutex<Option<(Child, ChildStdin)>>,
     /// What `salloc` is asked, and how long it may wait (None: the caller's allocation).
     salloc: Option<(Vec<String>, u32)>,
+    /// Held while an allocation is obtained again.
+    renewing: Mutex<()>,
     /// Steps and the job are named after the run, so its leftovers can be told apart.
     pub run_name: String,
     /// This build of wringer, as the nodes see it.
@@ -140,6 +142,7 @@ impl Slurm {
             nodes: vec![],
             holder: Mutex::new(None),
             salloc: None,
+            renewing: Mutex::new(()),
             run_name,
             exe,
             bind,
@@ -197,6 +200,9 @@ impl Slurm {
     /// one (Slurm drops a node it lost from the job); an allocation we obtained is then
     /// released and obtained again, the caller's is an error.
     pub fn ensure_standing(&self) -> Result<()> {
+        if self.ensure_allocated()? {
+            return Ok(());
+        }
         match self.job_nodes() {
             Ok(nodes) if nodes == self.nodes => return Ok(()),
             Ok(_) | Err(_) if self.salloc.is_none() => bail!(
@@ -207,6 +213,22 @@ impl Slurm {
             _ => {}
         }
         self.release();
+        self.ensure_allocated().map(|_| ())
+    }
+
+    /// An allocation of ours that was released (after a host fault) is obtained again before
+    /// anything uses it; true when it was.
+    fn ensure_allocated(&self) -> Result<bool> {
+        let _one_at_a_time = self.renewing.lock().unwrap_or_else(|p| p.into_inner());
+        let released = self.salloc.is_some()
+            && self
+                .holder
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none();
+        if !released {
+            return Ok(false);
+        }
         self.allocate()?;
         let nodes = self.job_nodes()?;
         if nodes != self.nodes {
@@ -217,7 +239,7 @@ impl Slurm {
                 self.nodes.join(",")
             );
         }
-        Ok(())
+        Ok(true)
     }
 
     /// `salloc` holding an allocation until our pipe closes; its command prints the job id.
@@ -312,6 +334,7 @@ impl Slurm {
 
     /// Run `words` on one node of the allocation, as a small step beside the ranks' own.
     pub fn on_node(&self, node: &str, words: &[&str], limit: Duration) -> Result<Output> {
+        self.ensure_allocated()?;
         let mut cmd = self.client("srun");
         cmd.arg(format!("--jobid={}", self.job()))
             .arg(format!("--job-name={}-ctl", self.run_name))
@@ -402,5 +425,71 @@ fn salloc_args(spec: &SlurmSpec, run_name: &str) -> Vec<String> {
 impl Drop for Slurm {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_place_ranks_as_srun_distributes_them() {
+        // cyclic: round-robin over the step's nodes, like the SSH fan-out.
+        assert_eq!(
+            (0..8)
+                .map(|r| Layout::Cyclic.node_of(r, 3))
+                .collect::<Vec<_>>(),
+            [0, 1, 2, 0, 1, 2, 0, 1]
+        );
+        assert_eq!(Layout::Cyclic.nodes_for(2, 3), 2);
+        assert_eq!(Layout::Cyclic.nodes_for(64, 3), 3);
+        // block: N per node, in order.
+        let b = Layout::Block(4);
+        assert_eq!(
+            (0..9).map(|r| b.node_of(r, 3)).collect::<Vec<_>>(),
+            [0, 0, 0, 0, 1, 1, 1, 1, 2]
+        );
+        assert_eq!(b.nodes_for(9, 3), 3);
+        assert_eq!(
+            b.nodes_for(13, 3),
+            4,
+            "more nodes than allocated is for the caller to refuse"
+        );
+    }
+
+    #[test]
+    fn a_layout_survives_the_command_line() {
+        for l in [Layout::Cyclic, Layout::Block(1), Layout::Block(22)] {
+            assert_eq!(Layout::parse(&l.arg()), Some(l));
+        }
+        for bad in ["", "block", "block:0", "block:x", "cyclic:2", "plane:4"] {
+            assert_eq!(Layout::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn salloc_is_asked_for_what_the_profile_says_and_no_more() {
+        let text = "name: s\ndescription: d\nkind: slurm\ncoordinator_addr: \"10.0.0.9\"\nslurm:\n  partition: batch\n  account: acct\n  qos: high\n  nodes: \"gpu[01-02]\"\n  time_limit: \"1:00:00\"\n  srun_options: [\"--gres=gpu:1\", \"--mpi=pmix\"]\n";
+        let p = crate::hosts::profile::parse(std::path::Path::new("s.yaml"), text).unwrap();
+        let args = salloc_args(p.slurm.as_ref().unwrap(), "wringer-x");
+        for want in [
+            "--job-name=wringer-x",
+            "--time=1:00:00",
+            "--no-kill",
+            "--exclusive",
+            "--nodes=2",
+            "--nodelist=gpu[01-02]",
+            "--partition=batch",
+            "--account=acct",
+            "--qos=high",
+            "--gres=gpu:1",
+        ] {
+            assert!(
+                args.iter().any(|a| a == want),
+                "{want} missing from {args:?}"
+            );
+        }
+        // An option of the step alone (`--mpi`) is not the allocation's.
+        assert!(!args.iter().any(|a| a.starts_with("--mpi")), "{args:?}");
     }
 }
