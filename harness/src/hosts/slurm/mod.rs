@@ -469,9 +469,11 @@ mod tests {
 
     #[test]
     fn salloc_is_asked_for_what_the_profile_says_and_no_more() {
-        let text = "name: s\ndescription: d\nkind: slurm\ncoordinator_addr: \"10.0.0.9\"\nslurm:\n  partition: batch\n  account: acct\n  qos: high\n  nodes: \"gpu[01-02]\"\n  time_limit: \"1:00:00\"\n  srun_options: [\"--gres=gpu:1\", \"--mpi=pmix\"]\n";
-        let p = crate::hosts::profile::parse(std::path::Path::new("s.yaml"), text).unwrap();
-        let args = salloc_args(p.slurm.as_ref().unwrap(), "wringer-x");
+        let text = "partition: batch\naccount: acct\nqos: high\nnodes: \"gpu[01-02]\"\ntime_limit: \"1:00:00\"\nsrun_options: [\"--gres=gpu:1\", \"--mpi=pmix\"]\n";
+        let path = std::path::Path::new("s.yaml");
+        let spec: SlurmSpec = crate::model::input::parse_yaml(path, text).unwrap();
+        spec.check(path).unwrap();
+        let args = salloc_args(&spec, "wringer-x");
         for want in [
             "--job-name=wringer-x",
             "--time=1:00:00",
