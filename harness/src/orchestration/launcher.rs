@@ -26,6 +26,7 @@ use crate::hosts::placement::RemoteHost;
 use crate::model::scenario::{AuditCheck, Perturb};
 use crate::orchestration::audit;
 use crate::orchestration::slurm_step::SlurmStep;
+pub use crate::orchestration::slurm_step::StepLimits;
 use crate::rank::protocol::TOKEN_ENV;
 
 struct RankProc {
@@ -60,13 +61,6 @@ pub struct RankGroup {
     step: Option<SlurmStep>,
     /// and what went wrong cancelling it (reported with the leftovers).
     step_problems: Vec<String>,
-}
-
-/// What a Slurm step needs to know of the attempt.
-pub struct StepLimits {
-    pub deadline: Duration,
-    /// Faults strike ranks or hosts: a rank's bad exit must not end the others.
-    pub faults: bool,
 }
 
 impl RankGroup {
@@ -112,8 +106,7 @@ impl RankGroup {
                 rendezvous,
                 token,
                 logs,
-                limits.deadline,
-                !limits.faults,
+                limits,
                 trace.as_deref(),
             )?);
             group.procs = (0..ranks)

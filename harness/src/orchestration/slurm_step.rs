@@ -26,6 +26,13 @@ use crate::hosts::slurm::{BindRule, Slurm, EXIT_MARKER};
 /// How long the step may take to leave the scheduler's table once cancelled.
 pub const GONE_WITHIN: Duration = Duration::from_secs(5);
 
+/// What a Slurm step needs to know of the attempt.
+pub struct StepLimits {
+    pub deadline: Duration,
+    /// Faults strike ranks or hosts: a rank's bad exit must not end the others.
+    pub faults: bool,
+}
+
 pub struct SlurmStep {
     srun: Child,
     stdin: Option<ChildStdin>,
@@ -45,10 +52,10 @@ impl SlurmStep {
         rendezvous: SocketAddr,
         token: &str,
         logs: Vec<File>,
-        deadline: Duration,
-        kill_on_bad_exit: bool,
+        limits: StepLimits,
         trace: Option<&[String]>,
     ) -> Result<SlurmStep> {
+        let (deadline, kill_on_bad_exit) = (limits.deadline, !limits.faults);
         let nodes = slurm.layout.nodes_for(ranks, slurm.nodes.len());
         if nodes > slurm.nodes.len() {
             bail!(

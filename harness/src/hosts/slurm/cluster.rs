@@ -155,9 +155,9 @@ impl TestCluster {
                 let said = String::from_utf8_lossy(&out.stderr);
                 // A registered slurmd may return the node to service by itself
                 // (ReturnToService=2) before the resume: then there is nothing to resume.
-                if !out.status.success()
-                    && !(state == "State=RESUME" && said.contains("Invalid node state"))
-                {
+                let resumed_by_itself =
+                    state == "State=RESUME" && said.contains("Invalid node state");
+                if !out.status.success() && !resumed_by_itself {
                     bail!("scontrol update {name} {state}: {}", said.trim());
                 }
             }
