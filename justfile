@@ -87,7 +87,7 @@ test-slurm hosts="hosts/slurm-containers.yaml" *args="": build-deps setup-slurm 
     #!/usr/bin/env bash
     set -uo pipefail
     cargo build --release -q -p harness || exit 2
-    w=target/release/wringer
+    w="${CARGO_TARGET_DIR:-target}/release/wringer"
     PATH="$PWD/target/external:$PATH" $w run --hosts {{hosts}} {{args}} \
         scenarios/tcp-xhost-*.yaml scenarios/gloo-xhost-*.yaml scenarios/tcp-pingpong-8rank.yaml
     first=$?
