@@ -82,14 +82,14 @@ setup-containers: (apt "debootstrap" "openssh-client")
 setup-slurm: (apt "debootstrap" "openssh-client" "munge" "slurm-client")
     bash hosts/image/build.sh wringer-slurm:local "$(. /etc/os-release && echo "$VERSION_CODENAME")" slurmctld,slurmd,slurm-client,munge
 
-# The cross-host TCP scenarios and tcp-pingpong-8rank as Slurm job steps (srun), on a real Slurm cluster of containers started for the run (slurmctld and three slurmd); then the cleanup checks (after SIGINT, a watchdog kill and a coordinator SIGKILL, no step of the run is left in squeue within 5 s).
+# The cross-host TCP scenarios, tcp-peer-death (a rank SIGKILLed, one SIGSTOPped, by PID on their nodes) and tcp-pingpong-8rank as Slurm job steps (srun), on a real Slurm cluster of containers started for the run (slurmctld and three slurmd); then the cleanup checks (after SIGINT, a watchdog kill and a coordinator SIGKILL, no step of the run is left in squeue within 5 s).
 test-slurm hosts="hosts/slurm-containers.yaml" *args="": build-deps setup-slurm external
     #!/usr/bin/env bash
     set -uo pipefail
     cargo build --release -q -p harness || exit 2
     w="${CARGO_TARGET_DIR:-target}/release/wringer"
     PATH="$PWD/target/external:$PATH" $w run --hosts {{hosts}} {{args}} \
-        scenarios/tcp-xhost-*.yaml scenarios/gloo-xhost-*.yaml scenarios/tcp-pingpong-8rank.yaml
+        scenarios/tcp-xhost-*.yaml scenarios/gloo-xhost-*.yaml scenarios/tcp-peer-death.yaml scenarios/tcp-pingpong-8rank.yaml
     first=$?
     [ $first = 2 ] && exit 2
     second=0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Slurm cleanup checks (`just test-slurm`): after a SIGINT, a watchdog kill and a SIGKILL
-# of the coordinator, the scheduler must show no step of the run within 5 s. Each case starts
+# of the coordinator, the scheduler must show no step of the run within 5 s; and while ranks
+# run, the run token shows in no command line, environment or `scontrol` output. Each case starts
 # its own test cluster (hosts/slurm-containers.yaml) and ranks that hold their step.
 #   scripts/slurm-cleanup-check.sh WRINGER
 set -uo pipefail
@@ -57,8 +58,26 @@ time_to_gone() {
 
 within5() { [ "$1" != never ] && [ "$1" -le 5000 ]; }
 
+# The run token (32 hex digits) must be on no command line and in no environment of the
+# step's processes, nor in anything `scontrol show job` or `show step` prints.
+token_hidden() {
+    local seen=""
+    docker exec "$ctl" sh -c 'scontrol show job -d; scontrol show step' > "$out/scontrol.txt" 2>&1
+    grep -qiE '(^|[^0-9a-f])[0-9a-f]{32}([^0-9a-f]|$)' "$out/scontrol.txt" && seen="scontrol"
+    for node in 0 1; do
+        docker exec "wringer-$run-h$node" sh -c \
+            'for p in $(pgrep -f "wringer.* rank "); do tr "\0" "\n" < /proc/$p/cmdline; tr "\0" "\n" < /proc/$p/environ; done' \
+            > "$out/procs-h$node.txt" 2>/dev/null
+        grep -q "rank" "$out/procs-h$node.txt" || seen="$seen (no rank process found on h$node)"
+        grep -qiE '(^|[^0-9a-f])[0-9a-f]{32}([^0-9a-f]|$)|WRINGER_RUN_TOKEN' "$out/procs-h$node.txt" && seen="$seen h$node"
+    done
+    [ -z "$seen" ] || fail "token: a 32-hex-digit value or WRINGER_RUN_TOKEN shows in: $seen (see $out)"
+    [ -z "$seen" ] && echo "slurm cleanup: token: in no command line, environment or scontrol output of the step"
+}
+
 # 1. SIGINT: the coordinator cancels the step, checks squeue, and tears the cluster down.
 if start_held sigint; then
+    token_hidden
     kill -INT "$pid"
     gone=$(time_to_gone)
     wait "$pid"; code=$?
@@ -73,7 +92,7 @@ fi
 code=$?
 if [ $code != 1 ]; then
     fail "watchdog: exit $code, want 1 (the step outlives its deadline): $(tail -3 "$out/watchdog.log")"
-elif ! grep -q "deadline" "$out/watchdog/results.json"; then
+elif ! grep -q "hung in step 0 (stall) past its" "$out/watchdog/results.json"; then
     fail "watchdog: the failure is not the watchdog's: $(tail -3 "$out/watchdog.log")"
 elif grep -q "still in squeue\|process left behind" "$out/watchdog/results.json"; then
     fail "watchdog: a step of the run was still listed 5 s after it was cancelled"

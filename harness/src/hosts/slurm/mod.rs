@@ -360,14 +360,18 @@ impl Slurm {
             .collect())
     }
 
-    /// Cancel these steps (their tasks are killed); errors are for the caller to report.
+    /// Cancel these steps (their tasks are killed); errors are for the caller to report. A step
+    /// that ended between listing and cancelling is not one ("Invalid job id").
     pub fn cancel(&self, steps: &[String]) -> Result<()> {
         if steps.is_empty() {
             return Ok(());
         }
         let mut words = vec!["scancel", "--quiet"];
         words.extend(steps.iter().map(String::as_str));
-        self.check(&words).map(|_| ())
+        match self.check(&words) {
+            Err(e) if format!("{e:#}").contains("Invalid job id specified") => Ok(()),
+            other => other.map(|_| ()),
+        }
     }
 
     /// Release an allocation we obtained: close the holder's pipe (salloc then gives it back
