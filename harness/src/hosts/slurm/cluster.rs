@@ -132,6 +132,13 @@ impl TestCluster {
         Ok(cluster)
     }
 
+    /// A Slurm client command here, pointed at this cluster.
+    fn client(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+
     /// The data-network address of each node, in node order.
     pub fn data_addrs(&self) -> Vec<IpAddr> {
         self.hosts.hosts[..self.nodes]
@@ -148,9 +155,8 @@ impl TestCluster {
         for node in restarted.iter().filter(|i| **i < self.nodes) {
             let name = format!("NodeName=h{node}");
             for state in ["State=DOWN", "State=RESUME"] {
-                let mut cmd = Command::new("scontrol");
-                cmd.args(["update", &name, state, "Reason=wringer-host-fault"])
-                    .envs(self.env.iter().map(|(k, v)| (k, v)));
+                let mut cmd = self.client("scontrol");
+                cmd.args(["update", &name, state, "Reason=wringer-host-fault"]);
                 let out = crate::hosts::child::output_within(&mut cmd, None, T)?;
                 let said = String::from_utf8_lossy(&out.stderr);
                 // A registered slurmd may return the node to service by itself
@@ -198,11 +204,10 @@ impl TestCluster {
         let deadline = Instant::now() + limit;
         let mut last = String::new();
         loop {
-            let out = Command::new("sinfo")
-                .args(["--noheader", "--Node", "--format=%N %T"])
-                .envs(self.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
-                .output();
+            let mut sinfo = self.client("sinfo");
+            sinfo.args(["--noheader", "--Node", "--format=%N %T"]);
+            // Bounded: a controller that does not answer must not hold the wait past its limit.
+            let out = crate::hosts::child::output_within(&mut sinfo, None, Duration::from_secs(10));
             if let Ok(o) = out {
                 last = format!(
                     "{}{}",
