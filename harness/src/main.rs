@@ -93,6 +93,10 @@ enum Command {
         /// Only the RDMA rows (used inside the rxe VM by `just bench-rdma`).
         #[arg(long)]
         rdma_only: bool,
+        /// Only the TCP rows whose measure contains this text (for example `busy-poll` or
+        /// `64 B`); the other measures are not run.
+        #[arg(long)]
+        only: Option<String>,
         /// Only the launcher rows: start --ranks ranks through this Slurm profile against
         /// --launch-ssh (`just bench-launch`).
         #[arg(long, requires = "launch_ssh")]
@@ -237,6 +241,7 @@ fn main() -> ExitCode {
             out,
             ranks,
             rdma_only,
+            only,
             launch_slurm,
             launch_ssh,
         } => (|| {
@@ -257,6 +262,7 @@ fn main() -> ExitCode {
                 out_dir: out.clone(),
                 ranks,
                 rdma_only,
+                only,
                 launch: launch_slurm.zip(launch_ssh),
             };
             let report = bench::run(&opts)?;

@@ -1,15 +1,24 @@
 //! A framed TCP connection with one receiver thread and a teardown that is right by construction.
 //!
 //! Teardown order: publish stop, `shutdown(Both)`, join the receiver, and only then release the
-//! descriptor. The socket is shared as `Arc<Socket>` between the connection and its receiver, so
-//! the descriptor is closed when the last owner drops it: it cannot be closed, or its number
-//! reused, while the receiver can still call `recv` on it.
+//! descriptor. The socket is shared as `Arc<Socket>` between the connection, its receiver and a
+//! caller inside `recv`, so the descriptor is closed when the last owner drops it: it cannot be
+//! closed, or its number reused, while any thread can still call `recv` on it.
+//!
+//! Who reads the stream: the read side ([`Reading`]) is one lock. A caller waiting in `recv`
+//! holds it and reads its frame itself, so a message costs the one wake-up the kernel gives the
+//! reader, as with a plain socket. While nobody receives, the receiver thread waits for bytes
+//! (a `MSG_PEEK` receive, woken by `shutdown` like any other) and reads them into the queue, so
+//! a peer's death or garbage is noticed, and published, whether or not the application is in
+//! `recv`. Frames the receiver queued are always delivered before any the caller reads after
+//! them: the receiver queues while it holds the read side, and a caller that takes the read
+//! side drains the queue first.
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender};
@@ -17,7 +26,19 @@ use socket2::Socket;
 
 use crate::error::{Error, ReceiverError, Result, Terminal};
 use crate::frame::{Frame, Header, Kind, ReadOutcome, DEFAULT_MAX_PAYLOAD};
-use crate::stream::{FrameReader, ReadError, WriteError};
+use crate::stream::{readable_now, wait_for_bytes, FrameReader, ReadError, ReadUntil, WriteError};
+
+/// How long after a caller leaves `recv` the application still counts as receiving (it is
+/// about to come back, as a ping-pong does): the receiver stays off the socket until then.
+const RECEIVING_GRACE: Duration = Duration::from_millis(1);
+
+/// The longest the receiver leaves the socket to callers before it looks whether they are
+/// still receiving: how late a peer's end may be noticed once the application stops receiving.
+const LONGEST_ASIDE: Duration = Duration::from_millis(16);
+
+/// A caller that cannot take the read side (the receiver is in the middle of a frame) waits for
+/// the queue this long at a time before it tries again.
+const QUEUE_SLICE: Duration = Duration::from_millis(1);
 
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionOptions {
@@ -25,8 +46,8 @@ pub struct ConnectionOptions {
     pub max_payload: u32,
     /// Frames the receiver may hold before it waits for the application to take them.
     pub queue_depth: usize,
-    /// Spin this long in `recv` for a frame before sleeping. Trades a core for latency: a
-    /// sleeping caller needs a wake-up from the receiver thread (a context switch each way).
+    /// Spin this long in `recv` on the socket before sleeping in `poll`. Trades a core for
+    /// latency: no wake-up at all when the frame comes within the spin.
     pub busy_poll: Option<Duration>,
 }
 
@@ -45,9 +66,13 @@ pub struct Connection {
     socket: RwLock<Option<Arc<Socket>>>,
     /// Serialises writers so frames never interleave; holds the next outgoing sequence number.
     sender: Mutex<SendState>,
+    /// The read side of the stream: whoever holds it may read the socket.
+    reading: Arc<Mutex<Reading>>,
+    /// Frames the receiver read while no caller was receiving.
     frames: Receiver<Frame>,
     terminal: Arc<OnceLock<Terminal>>,
     stop: Arc<AtomicBool>,
+    presence: Arc<Presence>,
     /// Dropped at teardown to wake a receiver that is blocked handing a frame over.
     wake: Mutex<Option<Sender<()>>>,
     /// Payload buffers handed back by the application for the receiver to reuse.
@@ -55,6 +80,8 @@ pub struct Connection {
     /// The receiver's handle until it is joined. Held for the whole teardown, so a second
     /// caller waits for the first to finish and then finds nothing left to do.
     receiver: Mutex<Option<JoinHandle<()>>>,
+    /// For waking the receiver where it waits for the application to stop receiving.
+    receiver_thread: Thread,
     receiver_tid: Arc<AtomicI32>,
     busy_poll: Option<Duration>,
     fd: RawFd,
@@ -87,18 +114,24 @@ impl Connection {
         let (frames_tx, frames) = crossbeam_channel::bounded(opts.queue_depth.max(1));
         let (wake, woken) = crossbeam_channel::bounded::<()>(0);
         let (recycled, reusable) = crossbeam_channel::bounded(4);
+        let reading = Arc::new(Mutex::new(Reading {
+            reader: FrameReader::new(opts.max_payload),
+            expected: 0,
+            reusable,
+        }));
         let terminal = Arc::new(OnceLock::new());
         let stop = Arc::new(AtomicBool::new(false));
+        let presence = Arc::new(Presence::new());
         let receiver_tid = Arc::new(AtomicI32::new(0));
-        let worker = Receiving {
+        let worker = ReceiverThread {
             socket: Arc::clone(&socket),
+            reading: Arc::clone(&reading),
             stop: Arc::clone(&stop),
+            presence: Arc::clone(&presence),
             frames: frames_tx,
             woken,
-            reusable,
             terminal: Arc::clone(&terminal),
             tid: Arc::clone(&receiver_tid),
-            max_payload: opts.max_payload,
         };
         let handle = std::thread::Builder::new()
             .name(format!("wringer-rx-{fd}"))
@@ -109,11 +142,14 @@ impl Connection {
                 next_sequence: 0,
                 broken: false,
             }),
+            reading,
             frames,
             terminal,
             stop,
+            presence,
             wake: Mutex::new(Some(wake)),
             recycled,
+            receiver_thread: handle.thread().clone(),
             receiver: Mutex::new(Some(handle)),
             receiver_tid,
             busy_poll: opts.busy_poll,
@@ -190,29 +226,84 @@ impl Connection {
         })
     }
 
-    /// Next data frame from the peer. Frames that arrived before the receiver stopped are
-    /// still delivered; after them comes the reason it stopped.
+    /// Next data frame from the peer, waiting at most `timeout`. Frames that arrived before the
+    /// connection ended are still delivered; after them comes the reason it ended. A frame cut
+    /// short by the deadline is kept, and finished by the next `recv` or by the receiver.
     pub fn recv(&self, timeout: Duration) -> Result<Frame> {
-        if let Some(spin) = self.busy_poll {
-            let until = Instant::now() + spin.min(timeout);
-            while Instant::now() < until {
-                if let Ok(frame) = self.frames.try_recv() {
-                    return Ok(frame);
-                }
-                std::hint::spin_loop();
+        let deadline = Instant::now() + timeout;
+        let _receiving = self.presence.enter();
+        loop {
+            // Read the end first: a frame queued before it was published is then in the queue.
+            let ended = self.terminal.get().is_some();
+            if let Ok(frame) = self.frames.try_recv() {
+                return Ok(frame);
+            }
+            if ended {
+                return Err(self.ended());
+            }
+            if let Ok(mut reading) = self.reading.try_lock() {
+                return self.read_own_frame(&mut reading, deadline, timeout);
+            }
+            // The receiver is reading a frame, and queues it when it has it.
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    during: "recv",
+                    after: timeout,
+                });
+            }
+            match self.frames.recv_timeout((deadline - now).min(QUEUE_SLICE)) {
+                Ok(frame) => return Ok(frame),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Err(self.ended()),
             }
         }
-        match self.frames.recv_timeout(timeout) {
-            Ok(frame) => Ok(frame),
-            Err(RecvTimeoutError::Timeout) => Err(Error::Timeout {
+    }
+
+    /// The caller's own read, holding the read side.
+    fn read_own_frame(
+        &self,
+        reading: &mut Reading,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Frame> {
+        // What the receiver queued before it let go of the read side comes first.
+        if let Ok(frame) = self.frames.try_recv() {
+            return Ok(frame);
+        }
+        if self.terminal.get().is_some() {
+            return Err(self.ended());
+        }
+        let Ok(socket) = self.socket() else {
+            return Err(self.ended());
+        };
+        let mut source = ReadUntil {
+            socket: &socket,
+            deadline,
+            spin_until: self.busy_poll.map(|spin| Instant::now() + spin),
+        };
+        match reading.next(&mut source, &self.stop) {
+            Next::Frame(frame) => Ok(frame),
+            Next::TimedOut => Err(Error::Timeout {
                 during: "recv",
                 after: timeout,
             }),
-            Err(RecvTimeoutError::Disconnected) => Err(match self.terminal.get() {
-                Some(Terminal::PeerClosed) => Error::PeerClosed,
-                Some(Terminal::Failed(e)) => Error::Receiver(e.clone()),
-                Some(Terminal::LocalShutdown) | None => Error::Closed,
-            }),
+            Next::End(end) => {
+                // Published once, by whichever reader saw the end first; the receiver, woken,
+                // finds it and leaves.
+                let _ = self.terminal.set(end);
+                self.receiver_thread.unpark();
+                Err(self.ended())
+            }
+        }
+    }
+
+    /// The error for a connection that has ended.
+    fn ended(&self) -> Error {
+        match self.terminal.get() {
+            Some(Terminal::PeerClosed) => Error::PeerClosed,
+            Some(Terminal::Failed(e)) => Error::Receiver(e.clone()),
+            Some(Terminal::LocalShutdown) | None => Error::Closed,
         }
     }
 
@@ -225,6 +316,9 @@ impl Connection {
             return Ok(());
         };
         self.stop.store(true, Ordering::Release);
+        // Wakes a receiver that waits for the application to stop receiving...
+        self.receiver_thread.unpark();
+        // ...and one that waits to queue a frame.
         drop(lock(&self.wake).take());
         let socket = self
             .socket
@@ -381,79 +475,206 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-/// The receiver thread's state.
-struct Receiving {
-    socket: Arc<Socket>,
-    stop: Arc<AtomicBool>,
-    frames: Sender<Frame>,
-    woken: Receiver<()>,
+/// The read side of the stream: the frame reader, the sequence the next frame must carry, and
+/// the payload buffers the application handed back.
+struct Reading {
+    reader: FrameReader,
+    expected: u64,
     reusable: Receiver<Vec<u8>>,
-    terminal: Arc<OnceLock<Terminal>>,
-    tid: Arc<AtomicI32>,
-    max_payload: u32,
 }
 
-impl Receiving {
+/// What one read of the stream came to.
+enum Next {
+    Frame(Frame),
+    /// The connection's end (published once by whoever read it).
+    End(Terminal),
+    /// A caller's deadline passed; what was read of the frame is kept.
+    TimedOut,
+}
+
+impl Reading {
+    /// Read the next data frame from `source`, checking its kind and sequence.
+    fn next(&mut self, source: &mut impl std::io::Read, stop: &AtomicBool) -> Next {
+        while let Ok(buf) = self.reusable.try_recv() {
+            self.reader.give_buffer(buf);
+        }
+        let frame = match self.reader.read_frame(source, stop) {
+            Ok(ReadOutcome::Frame(frame)) => frame,
+            Ok(ReadOutcome::CleanEof) => return Next::End(Terminal::PeerClosed),
+            Ok(ReadOutcome::LocalShutdown) => return Next::End(Terminal::LocalShutdown),
+            Ok(ReadOutcome::Truncated {
+                section,
+                expected,
+                got,
+            }) => {
+                return Next::End(Terminal::Failed(ReceiverError::Truncated {
+                    section,
+                    expected,
+                    got,
+                }))
+            }
+            Err(ReadError::Frame(e)) => return Next::End(Terminal::Failed(e.into())),
+            Err(ReadError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+                return Next::TimedOut
+            }
+            Err(ReadError::Io(e)) => return Next::End(Terminal::Failed(ReceiverError::io(&e))),
+        };
+        if frame.header.kind != Kind::Data {
+            return Next::End(Terminal::Failed(ReceiverError::UnexpectedKind(
+                frame.header.kind,
+            )));
+        }
+        if frame.header.sequence != self.expected {
+            return Next::End(Terminal::Failed(ReceiverError::OutOfSequence {
+                expected: self.expected,
+                got: frame.header.sequence,
+            }));
+        }
+        self.expected += 1;
+        Next::Frame(frame)
+    }
+}
+
+/// Whether the application is receiving: a caller is inside `recv`, or left it less than
+/// [`RECEIVING_GRACE`] ago. Only decides who reads; correctness rests on the read-side lock.
+struct Presence {
+    inside: AtomicUsize,
+    /// When the last caller left, in nanoseconds since `epoch`.
+    left_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl Presence {
+    fn new() -> Presence {
+        Presence {
+            inside: AtomicUsize::new(0),
+            left_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn enter(&self) -> Inside<'_> {
+        self.inside.fetch_add(1, Ordering::Relaxed);
+        Inside(self)
+    }
+
+    fn receiving(&self) -> bool {
+        if self.inside.load(Ordering::Relaxed) > 0 {
+            return true;
+        }
+        let left_at = self.left_at.load(Ordering::Relaxed);
+        left_at > 0 && self.now() < left_at + RECEIVING_GRACE.as_nanos() as u64
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+/// A caller inside `recv`.
+struct Inside<'a>(&'a Presence);
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        // The time first, so there is no moment with nobody inside and an old time.
+        self.0.left_at.store(self.0.now().max(1), Ordering::Relaxed);
+        self.0.inside.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The receiver thread's state.
+struct ReceiverThread {
+    socket: Arc<Socket>,
+    reading: Arc<Mutex<Reading>>,
+    stop: Arc<AtomicBool>,
+    presence: Arc<Presence>,
+    frames: Sender<Frame>,
+    woken: Receiver<()>,
+    terminal: Arc<OnceLock<Terminal>>,
+    tid: Arc<AtomicI32>,
+}
+
+impl ReceiverThread {
     fn run(self) {
         // SAFETY: gettid has no preconditions.
         self.tid.store(unsafe { libc::gettid() }, Ordering::Release);
         let end = self.receive_until_end();
-        // The only writer: published exactly once.
+        // Published once: a caller may have read the end first.
         let _ = self.terminal.set(end);
         // Dropping `self.frames` here tells `recv` that no more frames will come.
     }
 
     fn receive_until_end(&self) -> Terminal {
-        let mut reader = FrameReader::new(self.max_payload);
-        let mut expected = 0u64;
+        // How long to leave the socket to a caller before looking again: doubled while the
+        // application keeps receiving, so a busy connection wakes its receiver rarely.
+        let mut aside = RECEIVING_GRACE;
         loop {
-            if let Ok(buf) = self.reusable.try_recv() {
-                reader.give_buffer(buf);
+            if self.stop.load(Ordering::Acquire) {
+                return self.local_shutdown();
             }
-            let frame = match reader.read_frame(&mut &*self.socket, &self.stop) {
-                Ok(ReadOutcome::Frame(frame)) => frame,
-                Ok(ReadOutcome::CleanEof) => return Terminal::PeerClosed,
-                Ok(ReadOutcome::LocalShutdown) => {
-                    #[cfg(feature = "bug-injection")]
-                    if let Some(e) =
-                        crate::injected::read_again_after_close(self.socket.as_raw_fd())
-                    {
-                        return Terminal::Failed(ReceiverError::io(&e));
+            if let Some(end) = self.terminal.get() {
+                return end.clone();
+            }
+            if self.presence.receiving() {
+                // The caller reads its own frames; look again when it may have stopped.
+                std::thread::park_timeout(aside);
+                aside = (aside * 2).min(LONGEST_ASIDE);
+                continue;
+            }
+            aside = RECEIVING_GRACE;
+            // Bytes already read (the rest of a read that brought several frames) are decoded
+            // first: a frame, or garbage, must not wait in the buffer for a caller.
+            let pending = self
+                .reading
+                .try_lock()
+                .is_ok_and(|r| r.reader.has_buffered());
+            if !pending {
+                // Wait for bytes without taking them, so a caller that comes meanwhile reads
+                // them. An error is left for the read below to report.
+                if let Err(e) = wait_for_bytes(&self.socket) {
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
                     }
-                    return Terminal::LocalShutdown;
                 }
-                Ok(ReadOutcome::Truncated {
-                    section,
-                    expected,
-                    got,
-                }) => {
-                    return Terminal::Failed(ReceiverError::Truncated {
-                        section,
-                        expected,
-                        got,
-                    })
+                if self.stop.load(Ordering::Acquire) {
+                    return self.local_shutdown();
                 }
-                Err(ReadError::Frame(e)) => return Terminal::Failed(e.into()),
-                Err(ReadError::Io(e)) => return Terminal::Failed(ReceiverError::io(&e)),
+                if self.presence.receiving() {
+                    continue;
+                }
+            }
+            let Ok(mut reading) = self.reading.try_lock() else {
+                continue;
             };
-            if frame.header.kind != Kind::Data {
-                return Terminal::Failed(ReceiverError::UnexpectedKind(frame.header.kind));
+            // A caller may have taken the bytes between the peek and the lock: never block
+            // holding the read side with nothing to read.
+            if !reading.reader.has_buffered() && !readable_now(&self.socket) {
+                continue;
             }
-            if frame.header.sequence != expected {
-                return Terminal::Failed(ReceiverError::OutOfSequence {
-                    expected,
-                    got: frame.header.sequence,
-                });
-            }
-            expected += 1;
+            let frame = match reading.next(&mut &*self.socket, &self.stop) {
+                Next::Frame(frame) => frame,
+                Next::End(Terminal::LocalShutdown) => return self.local_shutdown(),
+                Next::End(end) => return end,
+                // Cannot happen: the socket has no read timeout.
+                Next::TimedOut => continue,
+            };
+            // Queued while the read side is held, so a caller finds it before reading on.
             select! {
                 send(self.frames, frame) -> sent => if sent.is_err() {
                     // Cannot happen while the Connection lives (it owns the other end).
                     return Terminal::LocalShutdown;
                 },
-                recv(self.woken) -> _ => return Terminal::LocalShutdown,
+                recv(self.woken) -> _ => return self.local_shutdown(),
             }
         }
+    }
+
+    fn local_shutdown(&self) -> Terminal {
+        #[cfg(feature = "bug-injection")]
+        if let Some(e) = crate::injected::read_again_after_close(self.socket.as_raw_fd()) {
+            return Terminal::Failed(ReceiverError::io(&e));
+        }
+        Terminal::LocalShutdown
     }
 }
 

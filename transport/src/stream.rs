@@ -55,6 +55,11 @@ impl FrameReader {
         }
     }
 
+    /// Bytes already read from the stream and not yet decoded (part of a frame, or frames).
+    pub(crate) fn has_buffered(&self) -> bool {
+        self.start < self.end
+    }
+
     /// Offer a used payload buffer for the next frame (see [`Decoder::give_buffer`]).
     pub fn give_buffer(&mut self, buf: Vec<u8>) {
         self.decoder.give_buffer(buf);
@@ -115,6 +120,100 @@ impl FrameReader {
     }
 }
 
+/// A socket read with a deadline, for a caller that reads its own frames: each read waits for
+/// bytes in `poll` (spinning first for `spin_until`, when busy polling), then takes them without
+/// blocking, so the socket stays in blocking mode for the receiver thread. A read that finds
+/// the deadline passed is [`io::ErrorKind::TimedOut`]; the frame reader keeps what it had.
+pub(crate) struct ReadUntil<'a> {
+    pub socket: &'a Socket,
+    pub deadline: Instant,
+    pub spin_until: Option<Instant>,
+}
+
+impl Read for ReadUntil<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(until) = self.spin_until {
+            // Busy polling: the clock is read once per batch of tries, not on every one.
+            while Instant::now() < until {
+                for _ in 0..SPIN_BATCH {
+                    match recv_now(self.socket, buf) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                        other => return other,
+                    }
+                }
+            }
+        }
+        loop {
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            // Asleep until the kernel wakes us: the one wake-up per message sockperf pays.
+            wait_for(self.socket, libc::POLLIN, self.deadline - now)?;
+            match recv_now(self.socket, buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Non-blocking receives tried between two looks at the clock while busy polling.
+const SPIN_BATCH: usize = 32;
+
+/// Take what the socket holds without waiting (`WouldBlock` when it holds nothing).
+fn recv_now(socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length for the duration of the call; the fd is
+    // kept open by the `&Socket` borrow.
+    let n = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Block until the socket has bytes to read, or its end or an error is there to be read,
+/// without taking any (a one-byte `MSG_PEEK`). A receive like any other: `shutdown` wakes it.
+pub(crate) fn wait_for_bytes(socket: &Socket) -> io::Result<()> {
+    let mut byte = 0u8;
+    // SAFETY: one byte into a local; the fd is kept open by the `&Socket` borrow.
+    let n = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True when a read would not block now (bytes, the end of the stream, or an error).
+pub(crate) fn readable_now(socket: &Socket) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1; a zero
+    // timeout never blocks. The fd is kept open by the `&Socket` borrow.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    rc > 0
+}
+
+/// Frames up to this size (header included) go out as one copied buffer.
+const SMALL_FRAME: usize = 1024;
+
 /// Why a deadline-bounded write stopped.
 #[derive(Debug)]
 pub(crate) enum WriteError {
@@ -141,6 +240,20 @@ pub(crate) fn write_frame(
     let head = header.encode();
     let total = HEADER_LEN + payload.len();
     let mut written = 0;
+    if total <= SMALL_FRAME {
+        // One contiguous buffer and a plain `send`: for a small frame, copying it is cheaper
+        // than `sendmsg`'s gathering of two pieces.
+        let mut whole = [0u8; SMALL_FRAME];
+        whole[..HEADER_LEN].copy_from_slice(&head);
+        whole[HEADER_LEN..total].copy_from_slice(payload);
+        match socket.send_with_flags(&whole[..total], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+            Ok(n) => written = n,
+            Err(e)
+                if e.kind() == io::ErrorKind::Interrupted
+                    || e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(WriteError::Io { written, error }),
+        }
+    }
     while written < total {
         let bufs: [IoSlice; 2] = if written < HEADER_LEN {
             [IoSlice::new(&head[written..]), IoSlice::new(payload)]
@@ -158,7 +271,7 @@ pub(crate) fn write_frame(
                 if now >= deadline {
                     return Err(WriteError::Timeout { written });
                 }
-                if let Err(error) = wait_writable(socket, deadline - now) {
+                if let Err(error) = wait_for(socket, libc::POLLOUT, deadline - now) {
                     return Err(WriteError::Io { written, error });
                 }
             }
@@ -168,10 +281,15 @@ pub(crate) fn write_frame(
     Ok(())
 }
 
-fn wait_writable(socket: &Socket, timeout: std::time::Duration) -> io::Result<()> {
+/// Wait in `poll` for `events` on the socket, at most `timeout`.
+fn wait_for(
+    socket: &Socket,
+    events: libc::c_short,
+    timeout: std::time::Duration,
+) -> io::Result<()> {
     let mut pfd = libc::pollfd {
         fd: socket.as_raw_fd(),
-        events: libc::POLLOUT,
+        events,
         revents: 0,
     };
     // Round up so a sub-millisecond remainder still waits instead of spinning.

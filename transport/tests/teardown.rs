@@ -3,15 +3,23 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::*;
 use rstest::rstest;
 use transport::{connect, ConnectOptions, Error, Hello, Listener, ListenerOptions, Terminal};
 
+/// One test of this file at a time: the cycles test compares the process's descriptor and
+/// thread counts, which a sibling's connections would change under it.
+fn alone() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn blocked_receiver_is_woken_by_teardown_within_bound() {
+    let _alone = alone();
     let (conn, _peer) = conn_and_raw_peer();
     wait_blocked_in_recv(&conn);
     let started = Instant::now();
@@ -27,6 +35,7 @@ fn blocked_receiver_is_woken_by_teardown_within_bound() {
 
 #[test]
 fn descriptor_is_closed_after_teardown() {
+    let _alone = alone();
     let (conn, _peer) = conn_and_raw_peer();
     let fd = conn.raw_fd();
     wait_blocked_in_recv(&conn);
@@ -39,6 +48,7 @@ fn descriptor_is_closed_after_teardown() {
 #[case::twice_in_a_row(false)]
 #[case::from_two_threads(true)]
 fn teardown_is_idempotent(#[case] concurrent: bool) {
+    let _alone = alone();
     let (conn, _peer) = conn_and_raw_peer();
     let conn = Arc::new(conn);
     wait_blocked_in_recv(&conn);
@@ -63,9 +73,10 @@ fn teardown_is_idempotent(#[case] concurrent: bool) {
 /// and thread counts unchanged and not one EBADF.
 #[test]
 fn teardown_cycles_leak_nothing_and_never_see_ebadf() {
+    let _alone = alone();
     const CYCLES: u64 = 2_500;
     let fds_before = open_fds();
-    let threads_before = threads();
+    let threads_before = transport_threads();
     let token = 0x5eed_u128;
     let listener = Listener::bind(local(0), ListenerOptions::new(token)).unwrap();
     let opts = ConnectOptions::default();
@@ -117,9 +128,15 @@ fn teardown_cycles_leak_nothing_and_never_see_ebadf() {
     // Threads that just finished (handshakes, receivers) need a moment to leave /proc; wait
     // for the counts, bounded, then compare.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while (open_fds(), threads()) != (fds_before, threads_before) && Instant::now() < deadline {
+    while (open_fds(), transport_threads()) != (fds_before, threads_before)
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert_eq!(open_fds(), fds_before, "descriptor count changed");
-    assert_eq!(threads(), threads_before, "thread count changed");
+    assert_eq!(
+        transport_threads(),
+        threads_before,
+        "transport thread count changed"
+    );
 }

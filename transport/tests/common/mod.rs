@@ -32,6 +32,16 @@ pub fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
+/// The transport's own threads (receivers, accept and hello threads, all named `wringer-…`):
+/// unlike [`threads`], not changed by the test runner starting a thread for the next test.
+pub fn transport_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("wringer-"))
+        .count()
+}
+
 /// Wait (bounded) until the connection's receiver is really blocked in a receive.
 pub fn wait_blocked_in_recv(conn: &Connection) {
     let deadline = Instant::now() + GENEROUS;

@@ -26,6 +26,8 @@ pub struct BenchOptions {
     pub ranks: Vec<u32>,
     /// Only the RDMA rows (for a run inside the rxe VM, where TCP numbers mean little).
     pub rdma_only: bool,
+    /// Only the TCP rows whose measure contains this text; nothing else is measured.
+    pub only: Option<String>,
     /// Only the launcher rows: a Slurm profile against an SSH profile over the same number of
     /// hosts (`just bench-launch`).
     pub launch: Option<(PathBuf, PathBuf)>,
@@ -264,8 +266,9 @@ fn rdma_rows(method: Method) -> Vec<Row> {
 }
 
 /// The TCP rows: ping-pong latency against sockperf (blocking, then both sides busy-polling)
-/// and one stream against iperf3.
+/// and one stream against iperf3. With `--only`, just the rows whose measure names it.
 fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&Placement>) -> Vec<Row> {
+    let wanted = |measure: &str| opts.only.as_deref().is_none_or(|o| measure.contains(o));
     let run = Duration::from_secs(opts.seconds.max(1));
     let sizes: &[usize] = if opts.quick {
         &[64, 4096, 65536]
@@ -273,74 +276,83 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&Placement>) -> Ve
         &[64, 4096, 65536, 1 << 20]
     };
     let mut rows = vec![];
-    let server = reference::sockperf_server(false, cpus.cloned());
-    for &size in sizes {
-        let tool = if size > reference::SOCKPERF_MAX {
-            "sockperf (1 MiB − 1 B, its largest)"
-        } else {
-            "sockperf"
-        };
-        rows.push(versus(
-            method,
-            (
-                format!("TCP ping-pong {} p50", human(size)),
-                "µs",
-                tool,
-                Some(Goal::RatioAtMost(1.10)),
-            ),
-            || ours::pingpong(size, run, None, cpus),
-            || reference::sockperf_round(serving(&server)?, size, opts.seconds),
-        ));
+    let blocking = |extra: &str| {
+        sizes
+            .iter()
+            .map(move |&s| (s, format!("TCP ping-pong {} p50{extra}", human(s))))
+            .filter(|(_, m)| wanted(m))
+            .collect::<Vec<_>>()
+    };
+    let plain = blocking("");
+    // Where the time goes: the same frames on the same placement, encoded and decoded by the
+    // caller straight on the socket, with no connection around them. The floor for the rows
+    // above: what they add to it is the connection's own cost.
+    let floor: Vec<_> = blocking(", our frames alone, no connection (profile)")
+        .into_iter()
+        .filter(|(s, _)| *s <= 65536)
+        .collect();
+    if !plain.is_empty() || !floor.is_empty() {
+        let server = reference::sockperf_server(false, cpus.cloned());
+        for (size, measure) in plain {
+            let tool = if size > reference::SOCKPERF_MAX {
+                "sockperf (1 MiB − 1 B, its largest)"
+            } else {
+                "sockperf"
+            };
+            rows.push(versus(
+                method,
+                (measure, "µs", tool, Some(Goal::RatioAtMost(1.10))),
+                || ours::pingpong(size, run, None, cpus),
+                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+            ));
+        }
+        for (size, measure) in floor {
+            rows.push(versus(
+                method,
+                (measure, "µs", "sockperf", None),
+                || ours::pingpong_inline(size, run, cpus),
+                || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+            ));
+        }
     }
-    // Where the time goes: the same frames on the same placement, decoded by the caller itself.
-    // What this row saves against the one above is the receiver thread's hand-off.
-    for &size in &sizes[..3] {
-        rows.push(versus(
-            method,
-            (
-                format!(
-                    "TCP ping-pong {} p50, our frames without the receiver thread (profile)",
-                    human(size)
+    // Like for like: both sides spin on non-blocking receives instead of sleeping (ours for
+    // up to 1 ms at a time, longer than any round trip here).
+    let busy: Vec<_> = blocking(", busy-poll")
+        .into_iter()
+        .filter(|(s, _)| *s <= 65536)
+        .collect();
+    if !busy.is_empty() {
+        let spin = Duration::from_millis(1);
+        for (size, measure) in busy {
+            rows.push(versus(
+                method,
+                (
+                    measure,
+                    "µs",
+                    "sockperf --nonblocked",
+                    Some(Goal::RatioAtMost(1.05)),
                 ),
-                "µs",
-                "sockperf",
-                None,
-            ),
-            || ours::pingpong_inline(size, run, cpus),
-            || reference::sockperf_round(serving(&server)?, size, opts.seconds),
-        ));
+                || ours::pingpong(size, run, Some(spin), cpus),
+                // A busy-polling server spins even while nobody talks to it: it lives only for
+                // its own round, or it would take a CPU from ours.
+                || {
+                    let server = reference::sockperf_server(true, cpus.cloned())?;
+                    reference::sockperf_round(&server, size, opts.seconds)
+                },
+            ));
+        }
     }
-    drop(server);
-    // Like for like: our ends spin before they sleep; sockperf's poll with a zero timeout.
-    let spin = Duration::from_millis(1);
-    let server = reference::sockperf_server(true, cpus.cloned());
-    for &size in &sizes[..3] {
+    let (size, messages) = (1 << 20, if opts.quick { 1024 } else { 2048 });
+    let measure = format!("TCP stream, {} messages", human(size));
+    if wanted(&measure) {
+        let server = reference::iperf3_server(cpus.cloned());
         rows.push(versus(
             method,
-            (
-                format!("TCP ping-pong {} p50, busy-poll", human(size)),
-                "µs",
-                "sockperf --timeout 0",
-                Some(Goal::RatioAtMost(1.05)),
-            ),
-            || ours::pingpong(size, run, Some(spin), cpus),
-            || reference::sockperf_round(serving(&server)?, size, opts.seconds),
+            (measure, "Gbit/s", "iperf3", Some(Goal::RatioAtLeast(0.95))),
+            || ours::bandwidth(size, messages, cpus),
+            || reference::iperf3_round(serving(&server)?, size, messages),
         ));
     }
-    drop(server);
-    let (size, messages) = (1 << 20, if opts.quick { 1024 } else { 2048 });
-    let server = reference::iperf3_server(cpus.cloned());
-    rows.push(versus(
-        method,
-        (
-            format!("TCP stream, {} messages", human(size)),
-            "Gbit/s",
-            "iperf3",
-            Some(Goal::RatioAtLeast(0.95)),
-        ),
-        || ours::bandwidth(size, messages, cpus),
-        || reference::iperf3_round(serving(&server)?, size, messages),
-    ));
     rows
 }
 
@@ -369,6 +381,9 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         return Ok(report(rows, placement));
     }
     let mut rows = tcp_rows(opts, method, placement.as_ref());
+    if opts.only.is_some() {
+        return Ok(report(rows, placement));
+    }
     rows.extend(rdma_rows(method));
     rows.push(alone(
         "teardown cycles per second".into(),
