@@ -310,8 +310,8 @@ const SEND_DEPTH: usize = 16;
 /// How an idle completion poll waits: it spins this long, then yields the core until
 /// [`YIELD_UNTIL`], then sleeps an eighth of the time it has been idle (at most
 /// [`LONGEST_NAP`]). A completion that comes soon costs no sleep; a long wait costs few polls.
-const SPIN_FOR: Duration = Duration::from_micros(20);
-const YIELD_UNTIL: Duration = Duration::from_millis(1);
+const SPIN_FOR: Duration = Duration::from_micros(200);
+const YIELD_UNTIL: Duration = Duration::from_millis(5);
 const LONGEST_NAP: Duration = Duration::from_millis(1);
 /// The first message each side sends: where the peer may write (addr, rkey, len).
 const ADVERT_LEN: usize = 16;
