@@ -313,6 +313,8 @@ const SEND_DEPTH: usize = 16;
 const SPIN_FOR: Duration = Duration::from_micros(200);
 const YIELD_UNTIL: Duration = Duration::from_millis(5);
 const LONGEST_NAP: Duration = Duration::from_millis(1);
+/// Empty completion polls between two looks at the clock and the connection manager.
+const POLLS_PER_CHECK: u32 = 16;
 /// The first message each side sends: where the peer may write (addr, rkey, len).
 const ADVERT_LEN: usize = 16;
 
@@ -931,6 +933,7 @@ impl RcConnection {
         done: impl Fn(&Self) -> bool,
     ) -> Result<(), RdmaError> {
         let mut idle_since: Option<Instant> = None;
+        let mut empty_polls = 0u32;
         loop {
             if done(self) {
                 return Ok(());
@@ -948,6 +951,14 @@ impl RcConnection {
                 }
             }
             if got.is_empty() {
+                // The clock and the CM channel (a syscall) are looked at once per batch of
+                // empty polls: under TCG each costs microseconds, and a poll loop that paid
+                // them every time saw its completions late.
+                empty_polls += 1;
+                if empty_polls % POLLS_PER_CHECK != 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
                 if self.peer_gone_now() {
                     return Err(RdmaError::Disconnected);
                 }
@@ -958,6 +969,7 @@ impl RcConnection {
                 continue;
             }
             idle_since = None;
+            empty_polls = 0;
             for (wr_id, status, len, opcode, imm) in got {
                 let status = WcStatus::from_raw(status);
                 *self.counts.0.entry(status).or_default() += 1;
