@@ -313,8 +313,31 @@ const SEND_DEPTH: usize = 16;
 const SPIN_FOR: Duration = Duration::from_micros(200);
 const YIELD_UNTIL: Duration = Duration::from_millis(5);
 const LONGEST_NAP: Duration = Duration::from_millis(1);
-/// Empty completion polls between two looks at the clock and the connection manager.
-const POLLS_PER_CHECK: u32 = 16;
+/// A wait's deadline that costs no reading of the clock until the wait turns out not to be
+/// quick: in the rxe VM under TCG the clock is the emulated HPET, about 3 µs a reading, and a
+/// ping-pong that read it on every call paid for it in latency.
+#[derive(Clone, Copy, Debug)]
+enum Deadline {
+    At(Instant),
+    /// This long from the first time the wait looks at the clock.
+    After(Duration),
+}
+
+impl Deadline {
+    /// The deadline, fixed from `now` on first use.
+    fn fixed(&mut self, now: Instant) -> Instant {
+        let at = match *self {
+            Deadline::At(at) => at,
+            Deadline::After(timeout) => now + timeout,
+        };
+        *self = Deadline::At(at);
+        at
+    }
+}
+
+/// Empty completion polls between two looks at the clock and the connection manager while a
+/// wait spins (past [`SPIN_FOR`], every poll looks: it yields or naps anyway).
+const POLLS_PER_CHECK: u32 = 128;
 /// The first message each side sends: where the peer may write (addr, rkey, len).
 const ADVERT_LEN: usize = 16;
 
@@ -672,6 +695,7 @@ impl RcConnection {
             len: self.b().write.len() as u32,
         }
         .to_bytes();
+        let deadline = &mut Deadline::At(deadline);
         self.send_until(&advert, deadline, after)?;
         match self.recv_until(deadline, after)? {
             Received::Message(m) if m.len() == ADVERT_LEN => {
@@ -687,13 +711,13 @@ impl RcConnection {
 
     /// SEND `data`; returns once its completion arrived (or failed), within `timeout`.
     pub fn send(&mut self, data: &[u8], timeout: Duration) -> Result<(), RdmaError> {
-        self.send_until(data, Instant::now() + timeout, timeout)
+        self.send_until(data, &mut Deadline::After(timeout), timeout)
     }
 
     fn send_until(
         &mut self,
         data: &[u8],
-        deadline: Instant,
+        deadline: &mut Deadline,
         after: Duration,
     ) -> Result<(), RdmaError> {
         self.post_from_send_buffer(data, None, deadline, after)?;
@@ -708,7 +732,7 @@ impl RcConnection {
             return Err(RdmaError::ImmReserved(imm));
         }
         let target = self.peer_target.ok_or(RdmaError::NoWriteTarget)?;
-        let deadline = Instant::now() + timeout;
+        let deadline = &mut Deadline::After(timeout);
         self.post_from_send_buffer(data, Some((target, imm)), deadline, timeout)?;
         self.wait(deadline, timeout, "waiting for a write completion", |c| {
             c.in_flight == 0
@@ -720,7 +744,7 @@ impl RcConnection {
         &mut self,
         data: &[u8],
         write: Option<((u64, u32, u32), u32)>,
-        deadline: Instant,
+        deadline: &mut Deadline,
         after: Duration,
     ) -> Result<(), RdmaError> {
         let mut max = self.b().send.len();
@@ -881,7 +905,7 @@ impl RcConnection {
         }
         let depth = SEND_DEPTH.min(self.opts.recv_depth).max(1);
         self.wait(
-            Instant::now() + timeout,
+            &mut Deadline::After(timeout),
             timeout,
             "waiting for a send queue slot",
             |c| c.in_flight < depth,
@@ -904,7 +928,7 @@ impl RcConnection {
     /// Wait until every posted write (and send) has completed, within `timeout`.
     pub fn finish_writes(&mut self, timeout: Duration) -> Result<(), RdmaError> {
         self.wait(
-            Instant::now() + timeout,
+            &mut Deadline::After(timeout),
             timeout,
             "waiting for write completions",
             |c| c.in_flight == 0,
@@ -913,10 +937,14 @@ impl RcConnection {
 
     /// The next message or write from the peer, within `timeout`.
     pub fn recv(&mut self, timeout: Duration) -> Result<Received, RdmaError> {
-        self.recv_until(Instant::now() + timeout, timeout)
+        self.recv_until(&mut Deadline::After(timeout), timeout)
     }
 
-    fn recv_until(&mut self, deadline: Instant, after: Duration) -> Result<Received, RdmaError> {
+    fn recv_until(
+        &mut self,
+        deadline: &mut Deadline,
+        after: Duration,
+    ) -> Result<Received, RdmaError> {
         self.wait(deadline, after, "waiting for a receive", |c| {
             !c.ready.is_empty()
         })?;
@@ -927,13 +955,15 @@ impl RcConnection {
     /// returned; a receive slot is reposted as soon as its data is copied out.
     fn wait(
         &mut self,
-        deadline: Instant,
+        deadline: &mut Deadline,
         after: Duration,
         during: &'static str,
         done: impl Fn(&Self) -> bool,
     ) -> Result<(), RdmaError> {
         let mut idle_since: Option<Instant> = None;
         let mut empty_polls = 0u32;
+        // How long the wait had found nothing at its last look at the clock.
+        let mut idle_for = Duration::ZERO;
         loop {
             if done(self) {
                 return Ok(());
@@ -955,20 +985,24 @@ impl RcConnection {
                 // empty polls: under TCG each costs microseconds, and a poll loop that paid
                 // them every time saw its completions late.
                 empty_polls += 1;
-                if empty_polls % POLLS_PER_CHECK != 0 {
+                if idle_for < SPIN_FOR && empty_polls % POLLS_PER_CHECK != 0 {
                     std::hint::spin_loop();
                     continue;
                 }
                 if self.peer_gone_now() {
                     return Err(RdmaError::Disconnected);
                 }
-                if Instant::now() >= deadline {
+                // One reading of the clock per check, for the deadline and the idle time both.
+                let now = Instant::now();
+                if now >= deadline.fixed(now) {
                     return Err(RdmaError::Timeout { during, after });
                 }
-                idle_wait(idle_since.get_or_insert_with(Instant::now).elapsed());
+                idle_for = now - *idle_since.get_or_insert(now);
+                idle_wait(idle_for);
                 continue;
             }
             idle_since = None;
+            idle_for = Duration::ZERO;
             empty_polls = 0;
             for (wr_id, status, len, opcode, imm) in got {
                 let status = WcStatus::from_raw(status);
