@@ -281,6 +281,7 @@ impl Connection {
             socket: &socket,
             deadline,
             spin_until: self.busy_poll.map(|spin| Instant::now() + spin),
+            read_before: false,
         };
         match reading.next(&mut source, &self.stop) {
             Next::Frame(frame) => Ok(frame),

@@ -131,6 +131,8 @@ pub(crate) struct ReadUntil<'a> {
     pub socket: &'a Socket,
     pub deadline: Instant,
     pub spin_until: Option<Instant>,
+    /// A read of this `recv` has brought bytes already.
+    pub read_before: bool,
 }
 
 impl Read for ReadUntil<'_> {
@@ -146,6 +148,14 @@ impl Read for ReadUntil<'_> {
                 }
             }
         }
+        if self.read_before {
+            // The rest of a frame that has begun to arrive is most likely here already: take
+            // it without asking `poll` first.
+            match recv_now(self.socket, buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                other => return other,
+            }
+        }
         loop {
             let now = Instant::now();
             if now >= self.deadline {
@@ -155,7 +165,10 @@ impl Read for ReadUntil<'_> {
             wait_for(self.socket, libc::POLLIN, self.deadline - now)?;
             match recv_now(self.socket, buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                other => return other,
+                other => {
+                    self.read_before = true;
+                    return other;
+                }
             }
         }
     }
