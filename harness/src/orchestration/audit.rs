@@ -237,11 +237,26 @@ fn result_of(s: &str) -> &str {
 
 /// The fd a syscall acts on, when its first argument is one.
 fn fd_arg(name: &str, args: &str) -> Option<i32> {
+    if matches!(name, "poll" | "ppoll") {
+        return polled_fd(args);
+    }
     if !takes_fd(name) {
         return None;
     }
     let first = args.split([',', ')']).next()?.trim();
     first.parse().ok().filter(|fd: &i32| *fd >= 0)
+}
+
+/// The one descriptor a `poll` waits on (`[{fd=7, events=POLLIN}], 1, 5000`): a thread
+/// asleep there is inside a call on it, as much as one asleep in `recvfrom`. None when the poll
+/// names several, which makes it no one descriptor's call.
+fn polled_fd(args: &str) -> Option<i32> {
+    let rest = args.trim_start().strip_prefix("[{fd=")?;
+    if rest.contains("{fd=") {
+        return None;
+    }
+    let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+    rest[..digits].parse().ok()
 }
 
 fn takes_fd(name: &str) -> bool {
@@ -798,6 +813,27 @@ mod tests {
 ";
         let found = checks_of(t, LIFECYCLE);
         assert_eq!(found, vec!["use after close"]);
+    }
+
+    #[test]
+    fn closing_while_another_thread_waits_in_poll_on_the_fd_is_flagged() {
+        // A caller waiting for its own frame sleeps in poll, not in recvfrom.
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone(child_stack=0x1, flags=CLONE_VM|CLONE_THREAD) = 101
+101 1.002 poll([{fd=7, events=POLLIN}], 1, 10000 <unfinished ...>
+100 1.003 close(7)                = 0
+101 1.004 <... poll resumed>)     = 1 ([{fd=7, revents=POLLNVAL}])
+101 1.005 exit(0)                 = ?
+";
+        let found = checks_of(t, LIFECYCLE);
+        assert!(found.contains(&"close while in use"), "{found:?}");
+        assert_eq!(polled_fd("[{fd=7, events=POLLIN}], 1, 10000"), Some(7));
+        assert_eq!(
+            polled_fd("[{fd=7, events=POLLIN}, {fd=9, events=POLLIN}], 2, -1"),
+            None
+        );
+        assert_eq!(polled_fd("NULL, 0, 10"), None);
     }
 
     #[test]
