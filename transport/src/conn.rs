@@ -233,7 +233,10 @@ impl Connection {
         let deadline = Instant::now() + timeout;
         let _receiving = self.presence.enter();
         loop {
-            // Read the end first: a frame queued before it was published is then in the queue.
+            // The read side first: the receiver queues only while it holds it, so whatever it
+            // queued before letting go is in the queue below. The end next: a frame queued
+            // before the end was published is then in the queue too.
+            let reading = self.reading.try_lock().ok();
             let ended = self.terminal.get().is_some();
             if let Ok(frame) = self.frames.try_recv() {
                 return Ok(frame);
@@ -241,7 +244,7 @@ impl Connection {
             if ended {
                 return Err(self.ended());
             }
-            if let Ok(mut reading) = self.reading.try_lock() {
+            if let Some(mut reading) = reading {
                 return self.read_own_frame(&mut reading, deadline, timeout);
             }
             // The receiver is reading a frame, and queues it when it has it.
@@ -260,20 +263,13 @@ impl Connection {
         }
     }
 
-    /// The caller's own read, holding the read side.
+    /// The caller's own read, holding the read side, with the queue found empty.
     fn read_own_frame(
         &self,
         reading: &mut Reading,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<Frame> {
-        // What the receiver queued before it let go of the read side comes first.
-        if let Ok(frame) = self.frames.try_recv() {
-            return Ok(frame);
-        }
-        if self.terminal.get().is_some() {
-            return Err(self.ended());
-        }
         let Ok(socket) = self.socket() else {
             return Err(self.ended());
         };

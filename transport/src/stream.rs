@@ -179,6 +179,17 @@ const SPIN_BATCH: usize = 32;
 
 /// Take what the socket holds without waiting (`WouldBlock` when it holds nothing).
 fn recv_now(socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
+    recv_with(socket, buf, libc::MSG_DONTWAIT)
+}
+
+/// Block until the socket has bytes to read, or its end or an error is there to be read,
+/// without taking any (a one-byte `MSG_PEEK`). A receive like any other: `shutdown` wakes it.
+pub(crate) fn wait_for_bytes(socket: &Socket) -> io::Result<()> {
+    recv_with(socket, &mut [0u8], libc::MSG_PEEK).map(drop)
+}
+
+/// One `recv(2)` into `buf` with `flags`.
+fn recv_with(socket: &Socket, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: `buf` is valid for writes of its length for the duration of the call; the fd is
     // kept open by the `&Socket` borrow.
     let n = unsafe {
@@ -186,7 +197,7 @@ fn recv_now(socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
             socket.as_raw_fd(),
             buf.as_mut_ptr().cast(),
             buf.len(),
-            libc::MSG_DONTWAIT,
+            flags,
         )
     };
     if n < 0 {
@@ -195,36 +206,9 @@ fn recv_now(socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
-/// Block until the socket has bytes to read, or its end or an error is there to be read,
-/// without taking any (a one-byte `MSG_PEEK`). A receive like any other: `shutdown` wakes it.
-pub(crate) fn wait_for_bytes(socket: &Socket) -> io::Result<()> {
-    let mut byte = 0u8;
-    // SAFETY: one byte into a local; the fd is kept open by the `&Socket` borrow.
-    let n = unsafe {
-        libc::recv(
-            socket.as_raw_fd(),
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// True when a read would not block now (bytes, the end of the stream, or an error).
 pub(crate) fn readable_now(socket: &Socket) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: socket.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1; a zero
-    // timeout never blocks. The fd is kept open by the `&Socket` borrow.
-    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
-    rc > 0
+    poll_once(socket, libc::POLLIN, 0).is_ok_and(|ready| ready)
 }
 
 /// Frames up to this size (header included) go out as one copied buffer.
@@ -303,24 +287,28 @@ fn wait_for(
     events: libc::c_short,
     timeout: std::time::Duration,
 ) -> io::Result<()> {
+    // Round up so a sub-millisecond remainder still waits instead of spinning.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+    match poll_once(socket, events, ms) {
+        Err(e) if e.kind() != io::ErrorKind::Interrupted => Err(e),
+        // Timeout or readiness (including POLLERR/POLLHUP): the next call reports which.
+        _ => Ok(()),
+    }
+}
+
+/// One `poll(2)` on the socket: whether any of `events` (or an error or hang-up) is there.
+fn poll_once(socket: &Socket, events: libc::c_short, timeout_ms: i32) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
         fd: socket.as_raw_fd(),
         events,
         revents: 0,
     };
-    // Round up so a sub-millisecond remainder still waits instead of spinning.
-    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1. The fd is
     // kept open by the `&Socket` borrow.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
+    match unsafe { libc::poll(&mut pfd, 1, timeout_ms) } {
+        rc if rc < 0 => Err(io::Error::last_os_error()),
+        rc => Ok(rc > 0),
     }
-    // Timeout or readiness (including POLLERR/POLLHUP): the next send reports which.
-    Ok(())
 }
 
 #[cfg(test)]

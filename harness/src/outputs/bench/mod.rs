@@ -276,18 +276,18 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&Placement>) -> Ve
         &[64, 4096, 65536, 1 << 20]
     };
     let mut rows = vec![];
-    let blocking = |extra: &str| {
+    let named = |extra: &str| {
         sizes
             .iter()
             .map(move |&s| (s, format!("TCP ping-pong {} p50{extra}", human(s))))
             .filter(|(_, m)| wanted(m))
             .collect::<Vec<_>>()
     };
-    let plain = blocking("");
+    let plain = named("");
     // Where the time goes: the same frames on the same placement, encoded and decoded by the
     // caller straight on the socket, with no connection around them. The floor for the rows
     // above: what they add to it is the connection's own cost.
-    let floor: Vec<_> = blocking(", our frames alone, no connection (profile)")
+    let floor: Vec<_> = named(", our frames alone, no connection (profile)")
         .into_iter()
         .filter(|(s, _)| *s <= 65536)
         .collect();
@@ -317,7 +317,7 @@ fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&Placement>) -> Ve
     }
     // Like for like: both sides spin on non-blocking receives instead of sleeping (ours for
     // up to 1 ms at a time, longer than any round trip here).
-    let busy: Vec<_> = blocking(", busy-poll")
+    let busy: Vec<_> = named(", busy-poll")
         .into_iter()
         .filter(|(s, _)| *s <= 65536)
         .collect();
