@@ -74,6 +74,37 @@ external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++")
     mkdir -p target/external
     g++ -O2 -std=c++17 -Wall -Wextra -Werror -o target/external/wringer-gloo external/gloo/wringer_gloo.cc -lgloo -pthread
 
+# The torch releases the torch scenarios run against, each in a venv under target/torch/: the newest, and the oldest whose ProcessGroupGloo honours TORCH_GLOO_LAZY_INIT (2.8.0; 2.7.1 and older do not have it). Also your own builds: `just external-torch path/to/torch-*.whl`. Idempotent: installs only the missing ones. Installs wringer-torch (the driver, external/torch) into target/external.
+external-torch *wheels="": (apt "python3-venv")
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p target/external target/torch
+    install -m 755 external/torch/wringer_torch.py target/external/wringer-torch
+    for v in {{torch_releases}}; do bash scripts/torch-venv.sh "target/torch/$v" "torch==$v"; done
+    for w in {{wheels}}; do
+        v=$(basename "$w" | cut -d- -f2 | cut -d+ -f1)
+        bash scripts/torch-venv.sh "target/torch/$v" "$(realpath "$w")"
+    done
+
+torch_releases := "2.8.0 2.15.0"
+
+# The torch scenarios (PyTorch's own Gloo: allreduce, #520's rank that leaves before a lazy subgroup's first collective, peer death and freeze, a lazy connect left half done), once per installed release, on loopback; then their cross-host variants on the container hosts (host kill and link cut in a lazy subgroup's first collective). WRINGER_TORCH=venv[:venv...] runs your own torch builds instead.
+test-torch hosts="hosts/local.yaml" *args="": build-deps external-torch
+    #!/usr/bin/env bash
+    set -uo pipefail
+    cargo build --release -q -p harness || exit 2
+    w="${CARGO_TARGET_DIR:-target}/release/wringer"
+    $w run --hosts {{hosts}} {{args}} scenarios/torch-*.yaml
+    first=$?
+    [ $first = 2 ] && exit 2
+    second=0
+    if [ "{{hosts}}" = "hosts/local.yaml" ]; then
+        just setup-containers || exit 1
+        $w run --hosts hosts/containers.yaml --filter xhost {{args}} scenarios/torch-*.yaml
+        second=$?
+    fi
+    exit $(( first > second ? first : second ))
+
 # Build the container test-host image locally (debootstrap + docker import; no registry needed). Idempotent.
 setup-containers: (apt "debootstrap" "openssh-client")
     bash hosts/image/build.sh wringer-host:bookworm

@@ -358,7 +358,30 @@ fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<Loaded>> {
         }
         loaded.push(l);
     }
-    Ok(loaded)
+    expand_releases(loaded)
+}
+
+/// Scenarios with `releases:` become one scenario per installed release.
+fn expand_releases(loaded: Vec<Loaded>) -> anyhow::Result<Vec<Loaded>> {
+    let mut found = std::collections::BTreeMap::new();
+    let mut out = vec![];
+    for l in loaded {
+        let Some(family) = l.scenario.releases else {
+            out.push(l);
+            continue;
+        };
+        if !found.contains_key(&family.as_str()) {
+            let releases = harness::hosts::releases::installed(family)
+                .map_err(|why| InputError::plain(&l.path, why))?;
+            found.insert(family.as_str(), releases);
+        }
+        let path = l.path.clone();
+        out.extend(
+            steps::for_releases(l, &found[family.as_str()])
+                .map_err(|why| InputError::plain(&path, why))?,
+        );
+    }
+    Ok(out)
 }
 
 /// Check every file: host profiles (under a `hosts` folder) and scenarios; report them all.

@@ -1,6 +1,6 @@
 //! Layer 2, hosts: host profiles and what the hosts can do. The probe, placement (where ranks
 //! go), SSH, container hosts, soft-RoCE VMs, and the process-level tools (/proc, bounded
-//! children, stacks), where exec programs are found (programs), one way to run a command on
+//! children, stacks), where exec programs are found (programs), the installed releases of torch (releases), one way to run a command on
 //! any host (shell), Slurm as a launcher (slurm), and the checks on profile values (values).
 
 pub mod child;
@@ -10,6 +10,7 @@ pub mod probe;
 pub mod procfs;
 pub mod profile;
 pub mod programs;
+pub mod releases;
 pub mod shell;
 pub mod slurm;
 pub mod ssh;

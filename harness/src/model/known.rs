@@ -18,11 +18,25 @@ pub struct KnownFailure {
     pub reason: String,
     #[serde(default)]
     pub link: Option<String>,
+    /// A regex that every failure of the scenario must match for the entry to cover it (the
+    /// survivors' detection over its bound, say), so a different failure of the same scenario
+    /// still fails. Without it, any failure of the scenario is covered.
+    #[serde(default)]
+    pub failure: Option<String>,
 }
 
 impl KnownFailure {
     pub fn matches(&self, name: &str) -> bool {
         glob(&self.scenario, name)
+    }
+
+    /// Whether the entry covers every one of these failures.
+    fn covers(&self, failures: &[String]) -> bool {
+        let Some(pattern) = &self.failure else {
+            return true;
+        };
+        // Checked when the file was read; a pattern that does not compile covers nothing.
+        regex::Regex::new(pattern).is_ok_and(|re| failures.iter().all(|f| re.is_match(f)))
     }
 
     fn why(&self) -> String {
@@ -67,6 +81,9 @@ pub fn check(k: &KnownFailure) -> Result<(), String> {
     if k.scenario.trim().is_empty() {
         return Err("a known failure needs a scenario name or pattern".into());
     }
+    if let Some(p) = &k.failure {
+        regex::Regex::new(p).map_err(|e| format!("known failure `{}`: bad regex `{p}`: {e}", k.scenario))?;
+    }
     if k.reason.trim().is_empty() {
         return Err(format!(
             "known failure `{}` needs a reason (what fails, and why it is accepted)",
@@ -83,6 +100,23 @@ pub fn apply(result: &mut ScenarioResult, known: &[KnownFailure], strict: bool) 
     };
     match result.verdict {
         Verdict::Fail => {
+            let mut failures = result.evidence.failures.clone();
+            if failures.is_empty() {
+                failures.extend(result.reason.clone());
+            }
+            if !k.covers(&failures) {
+                let other: Vec<&String> = failures
+                    .iter()
+                    .filter(|f| !k.covers(std::slice::from_ref(f)))
+                    .collect();
+                result.reason = Some(format!(
+                    "{} (a known failure is listed for this scenario, matching `{}`, but this is another: {})",
+                    result.reason.as_deref().unwrap_or("failed"),
+                    k.failure.as_deref().unwrap_or_default(),
+                    other.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")
+                ));
+                return;
+            }
             result.verdict = Verdict::Xfail;
             result.reason = Some(format!(
                 "known failure: {}; it failed with: {}",
@@ -113,6 +147,7 @@ mod tests {
             scenario: p.into(),
             reason: "hangs after the server dies".into(),
             link: Some("https://example.org/issue/1".into()),
+            failure: None,
         }
     }
 
@@ -165,6 +200,31 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_with_a_failure_pattern_covers_that_failure_and_no_other() {
+        let k = KnownFailure {
+            failure: Some("noticed the fault after .* over".into()),
+            ..entry("ucx-server-death")
+        };
+        let failing = |failures: &[&str]| {
+            let mut r = result(Verdict::Fail);
+            r.evidence.failures = failures.iter().map(|s| s.to_string()).collect();
+            apply(&mut r, std::slice::from_ref(&k), false);
+            r
+        };
+        let r = failing(&["rank 1 (survivor): noticed the fault after 10004.0 ms, over the 3s allowed"]);
+        assert_eq!(r.verdict, Verdict::Xfail);
+        // The same scenario failing another way stays a failure, and says which failure it was.
+        let r = failing(&[
+            "rank 1 (survivor): noticed the fault after 10004.0 ms, over the 3s allowed",
+            "data_mismatches = 3, expected 0",
+        ]);
+        assert_eq!(r.verdict, Verdict::Fail);
+        let why = r.reason.unwrap();
+        assert!(why.contains("but this is another: data_mismatches = 3"), "{why}");
+        assert!(!why.contains("another: rank 1"), "{why}");
+    }
+
+    #[test]
     fn an_entry_without_a_reason_is_a_located_error() {
         let dir = std::env::temp_dir().join(format!("wringer-known-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -177,6 +237,9 @@ mod tests {
         let e = load(&f).unwrap_err().to_string();
         assert!(e.contains("known.yaml:3:"), "{e}");
         assert!(e.contains("needs a reason"), "{e}");
+        std::fs::write(&f, "- scenario: a\n  reason: r\n  failure: \"(\"\n").unwrap();
+        let e = load(&f).unwrap_err().to_string();
+        assert!(e.contains("known.yaml:1:") && e.contains("bad regex"), "{e}");
         std::fs::write(&f, "- scenario: a\n  reasn: typo\n").unwrap();
         assert!(load(&f).unwrap_err().to_string().contains("known.yaml:2:"));
         std::fs::remove_dir_all(&dir).unwrap();

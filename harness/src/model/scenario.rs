@@ -43,9 +43,13 @@ pub trait StepSpec {
     fn faults(&self, _step: usize) -> Vec<Fault> {
         vec![]
     }
+    /// Whether the step names `{release}`, which only a scenario with `releases:` fills.
+    fn uses_release(&self) -> bool {
+        false
+    }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[serde(bound(deserialize = "S: Deserialize<'de>"))]
 pub struct Scenario<S> {
@@ -70,6 +74,55 @@ pub struct Scenario<S> {
     #[serde(default)]
     pub perturb: Vec<Spanned<Perturb>>,
     pub expect: BTreeMap<Metric, Spanned<Bound>>,
+    /// Run once per installed release of this program (`torch`): each run is its own
+    /// scenario, named with the release, and `{release}` in its exec roles is that release's
+    /// folder.
+    #[serde(default)]
+    pub releases: Option<ReleaseFamily>,
+    /// The release this copy of the scenario runs against (set when releases are expanded).
+    #[serde(skip)]
+    pub release: Option<Release>,
+}
+
+/// A program whose releases a scenario runs against, one copy per release.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleaseFamily {
+    /// PyTorch (its Gloo): venvs installed by `just external-torch`, or named by WRINGER_TORCH.
+    Torch,
+}
+
+impl ReleaseFamily {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseFamily::Torch => "torch",
+        }
+    }
+
+    /// The skip's code when no release is installed.
+    pub fn skip_code(self) -> &'static str {
+        match self {
+            ReleaseFamily::Torch => "no-torch",
+        }
+    }
+
+    /// A scenario's name with a release in it: `torch-gloo-allreduce` on 2.15.0 is
+    /// `torch-2.15.0-gloo-allreduce`, so the matrix has a row per release.
+    pub fn name(self, scenario: &str, version: &str) -> String {
+        let family = self.as_str();
+        match scenario.strip_prefix(&format!("{family}-")) {
+            Some(rest) => format!("{family}-{version}-{rest}"),
+            None => format!("{scenario}-{family}-{version}"),
+        }
+    }
+}
+
+/// One installed release: its version (as it appears in names: letters, digits, `.`, `_`,
+/// `-`) and its folder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Release {
+    pub version: String,
+    pub root: PathBuf,
 }
 
 fn one() -> u32 {
@@ -97,6 +150,16 @@ where
         ));
     }
     Ok(v)
+}
+
+impl<S> Scenario<S> {
+    /// The name as the file gives it, before a release was put into it.
+    pub fn file_name(&self) -> String {
+        match &self.release {
+            Some(r) => self.name.replacen(&format!("-{}", r.version), "", 1),
+            None => self.name.clone(),
+        }
+    }
 }
 
 impl<S: StepSpec> Scenario<S> {
@@ -227,7 +290,7 @@ impl FaultAction {
 }
 
 /// A scenario as loaded from disk, with where it came from.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Loaded<S> {
     pub path: PathBuf,
     pub scenario: Scenario<S>,
@@ -291,6 +354,16 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
                     "step `{}` needs at least {} ranks, the scenario has {ranks}",
                     step.value.name(),
                     step.value.min_ranks()
+                ),
+            ));
+        }
+        if s.releases.is_none() && step.value.uses_release() {
+            return Err(located(
+                path,
+                &step.referenced,
+                format!(
+                    "step `{}` names `{{release}}`, which only a scenario with `releases:` (torch) fills",
+                    step.value.name()
                 ),
             ));
         }

@@ -51,6 +51,13 @@ impl Policy<'_> {
     /// Decide one scenario: every host must meet every requirement; host-level faults need
     /// hosts the harness controls.
     pub fn decide<S: crate::model::scenario::StepSpec>(&self, s: &Scenario<S>) -> Decision {
+        if let (Some(family), None) = (s.releases, &s.release) {
+            let reason = SkipReason {
+                code: family.skip_code(),
+                detail: crate::hosts::releases::none_installed(family),
+            };
+            return self.unmet(reason, &[]);
+        }
         for req in &s.requires {
             let unmet = self.facts.iter().find_map(|f| {
                 f.check(*req, self.profile)

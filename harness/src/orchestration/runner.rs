@@ -59,7 +59,7 @@ pub fn run(
         .filter(|s| {
             opts.filter
                 .as_deref()
-                .is_none_or(|f| s.scenario.name.contains(f))
+                .is_none_or(|f| s.scenario.name.contains(f) || s.scenario.file_name().contains(f))
         })
         .collect();
     // Hosts come up once per run (containers started, the binary deployed over SSH), and are

@@ -162,9 +162,9 @@ fn implementations(h: &mut String, runs: &[Run]) {
         }
         h.push_str("</tr>");
         for row in rows {
-            let _ = write!(h, "<tr><th>{}</th>", e(row));
+            let _ = write!(h, "<tr><th>{}</th>", e(&row));
             for c in &cols {
-                let counts = cells.get(&(row, *c));
+                let counts = cells.get(&(row.clone(), *c));
                 // The cell takes the colour of its worst verdict.
                 let class = counts
                     .and_then(|m| {

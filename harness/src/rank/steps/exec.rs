@@ -67,6 +67,11 @@ pub struct Role {
     pub metrics: Vec<Extract>,
     #[serde(default)]
     pub expect: RoleExpect,
+    /// The program leaves on purpose (it exits by itself, as a rank that quits before a
+    /// subgroup's first collective does): the first output line matching this regex, printed
+    /// just before it exits, is the fault its peers are timed from.
+    #[serde(default)]
+    pub departs: Option<String>,
     /// Run the program under `stdbuf -oL -eL` (when coreutils has it), so its lines arrive
     /// as it prints them: a pipe makes C stdio buffer whole blocks, which would hide output
     /// until exit and skew every timing taken from it.
@@ -178,6 +183,9 @@ pub struct Record {
     pub ready_us: Option<u64>,
     /// The fault this rank struck its program with, and when.
     pub fault: Option<(FaultAction, u64)>,
+    /// When the program of a `departs` role announced that it leaves: the fault for its peers.
+    #[serde(default)]
+    pub departed_us: Option<u64>,
     pub first_error_us: Option<u64>,
     pub first_error: Option<String>,
     /// How it ended by itself; `None` when it was still running (or frozen) at the end.
@@ -218,6 +226,13 @@ impl StepSpec for Exec {
 
     fn check(&self, ranks: u32) -> Result<(), String> {
         check(self, ranks)
+    }
+
+    fn uses_release(&self) -> bool {
+        self.roles.values().any(|r| {
+            r.templates().any(|t| template::uses_release(t))
+                || r.precheck_words().any(|w| w.contains("{release}"))
+        })
     }
 
     /// Host-level role faults become scenario faults at the points the role's ranks report.
@@ -307,6 +322,12 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
         }
         if let Some(l) = &role.error {
             compile(l).map_err(at)?;
+        }
+        if let Some(l) = &role.departs {
+            compile(l).map_err(at)?;
+            if role.expect.signal.is_some() || role.expect.exit_within.is_some() {
+                return Err(at("a role that departs exits by itself: expect `exit`, not `signal` or `exit_within`".into()));
+            }
         }
         for x in &role.metrics {
             if !EXTRACTABLE.contains(&x.metric) {
@@ -400,7 +421,46 @@ fn cycle_free(e: &Exec) -> Result<(), String> {
     Ok(())
 }
 
+impl Role {
+    /// Every string of the role that placeholders are filled in.
+    fn templates(&self) -> impl Iterator<Item = &String> {
+        let ready = self.ready.iter().flat_map(|r| r.command.iter().flatten());
+        std::iter::once(&self.program)
+            .chain(&self.args)
+            .chain(self.env.values())
+            .chain(ready)
+    }
+
+    /// The pre-check's words, which run as they are (no placeholders but `{release}`).
+    fn precheck_words(&self) -> impl Iterator<Item = &String> {
+        self.precheck.iter().flat_map(|p| &p.command)
+    }
+}
+
 impl Exec {
+    /// The step with `{release}` put in as `root` everywhere placeholders are filled.
+    pub fn for_release(&self, root: &str) -> Result<Exec, String> {
+        let put = |t: &mut String| -> Result<(), String> {
+            *t = template::put_release(t, root)?;
+            Ok(())
+        };
+        let mut e = self.clone();
+        for role in e.roles.values_mut() {
+            put(&mut role.program)?;
+            role.args.iter_mut().try_for_each(put)?;
+            role.env.values_mut().try_for_each(put)?;
+            if let Some(p) = &mut role.precheck {
+                for w in &mut p.command {
+                    *w = w.replace("{release}", root);
+                }
+            }
+            if let Some(c) = role.ready.as_mut().and_then(|r| r.command.as_mut()) {
+                c.iter_mut().try_for_each(put)?;
+            }
+        }
+        Ok(e)
+    }
+
     fn role_of(&self, rank: u32) -> Option<(&String, &Role)> {
         self.roles.iter().find(|(_, r)| r.ranks.contains(&rank))
     }
@@ -681,6 +741,7 @@ struct Watch<'a> {
     port: u16,
     error: Option<Regex>,
     ready_line: Option<Regex>,
+    departs: Option<Regex>,
     extracts: Vec<(Metric, Option<Regex>, Option<String>)>,
     /// This rank's faults, each with when it becomes due (once triggered) and whether it struck.
     faults: Vec<Pending<'a>>,
@@ -718,6 +779,7 @@ impl<'a> Watch<'a> {
             port,
             error: re(&role.error)?,
             ready_line: re(&role.ready.as_ref().and_then(|r| r.line.clone()))?,
+            departs: re(&role.departs)?,
             extracts: role
                 .metrics
                 .iter()
@@ -745,6 +807,9 @@ impl<'a> Watch<'a> {
         self.record.tail.push(l.text.chars().take(300).collect());
         if self.record.tail.len() > TAIL_LINES {
             self.record.tail.remove(0);
+        }
+        if self.record.departed_us.is_none() && self.departs.as_ref().is_some_and(|r| r.is_match(&l.text)) {
+            self.record.departed_us = Some(wall_us(l.at));
         }
         if self.record.first_error_us.is_none() && self.error.as_ref().is_some_and(|r| r.is_match(&l.text)) {
             self.record.first_error_us = Some(wall_us(l.at));
@@ -874,6 +939,9 @@ impl<'a> Watch<'a> {
                 }
             }
         }
+        if self.role.departs.is_some() && self.record.departed_us.is_none() {
+            v.push("never announced that it leaves (no line matched `departs`)".into());
+        }
         if self.role.ready.is_some() && self.record.ready_us.is_none() && !struck {
             v.push("never became ready".into());
         }
@@ -904,8 +972,11 @@ fn first_fault(records: &[Record], faults: &[StruckFault]) -> Option<(u32, Strin
     let own = records
         .iter()
         .filter_map(|r| r.fault.map(|(a, at)| (r.rank, format!("{a:?}"), at)));
+    let departed = records
+        .iter()
+        .filter_map(|r| r.departed_us.map(|at| (r.rank, "exit".to_string(), at)));
     let scenario = faults.iter().map(|f| (f.rank, format!("{:?}", f.action), f.at_us));
-    own.chain(scenario).min_by_key(|f| f.2)
+    own.chain(departed).chain(scenario).min_by_key(|f| f.2)
 }
 
 fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -> Reconciled {
@@ -937,6 +1008,10 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
         };
         if let Some((a, _)) = r.fault {
             out.notes.push(format!("{who}: struck with {a:?}"));
+            continue;
+        }
+        if r.departed_us.is_some() {
+            out.notes.push(format!("{who}: left on purpose ({})", r.exit.as_deref().unwrap_or("exited")));
             continue;
         }
         if struck_by_scenario(r.rank) {

@@ -155,6 +155,46 @@ impl StepSpec for Step {
     fn faults(&self, step: usize) -> Vec<scenario::Fault> {
         self.kind().faults(step)
     }
+    fn uses_release(&self) -> bool {
+        self.kind().uses_release()
+    }
+}
+
+impl Step {
+    /// This step with `{release}` put in as `root` (only exec steps name it).
+    pub fn for_release(&self, root: &str) -> Result<Step, String> {
+        match self {
+            Step::Exec(e) => e.for_release(root).map(Step::Exec),
+            other => Ok(other.clone()),
+        }
+    }
+}
+
+/// One copy of the scenario per release, each named with its release and with `{release}` put
+/// in; with no release installed, the scenario as it is (the policy skips it, naming the
+/// recipe that installs one).
+pub fn for_releases(
+    loaded: Loaded,
+    releases: &[scenario::Release],
+) -> Result<Vec<Loaded>, String> {
+    if loaded.scenario.releases.is_none() || releases.is_empty() {
+        return Ok(vec![loaded]);
+    }
+    let mut out = vec![];
+    for r in releases {
+        let mut copy = loaded.clone();
+        let root = r.root.display().to_string();
+        for step in &mut copy.scenario.steps {
+            step.value = step.value.for_release(&root)?;
+        }
+        if let Some(family) = copy.scenario.releases {
+            copy.scenario.name = family.name(&loaded.scenario.name, &r.version);
+        }
+        crate::model::name::check(&copy.scenario.name)?;
+        copy.scenario.release = Some(r.clone());
+        out.push(copy);
+    }
+    Ok(out)
 }
 
 /// Everything the scenario's steps need of a host before it runs.

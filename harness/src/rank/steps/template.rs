@@ -1,6 +1,7 @@
 //! Placeholders in an exec role's program, arguments and environment: `{rank}`, `{ranks}`,
 //! `{host}`, `{port}`, `{rdma}`, `{iface}`, `{dir}`, `{seed}`, and `{host:N}`, `{port:N}`,
-//! `{addr:N}`, `{rdma:N}` for rank N. `{{` and `}}` are literal braces. Templates are checked when the scenario loads, so a
+//! `{addr:N}`, `{rdma:N}` for rank N, and `{release}` (the folder of the release a scenario with
+//! `releases:` runs against, put in when releases are expanded). `{{` and `}}` are literal braces. Templates are checked when the scenario loads, so a
 //! typo is a located error, never a program started with a literal `{prot}`.
 
 use std::collections::BTreeMap;
@@ -45,6 +46,10 @@ pub const PLACEHOLDERS: &[(&str, &str)] = &[
         "this rank's RoCE interface address (RDMA CM tools bind to it)",
     ),
     ("{rdma:N}", "rank N's RoCE interface address"),
+    (
+        "{release}",
+        "the folder of the release this copy of the scenario runs against (scenarios with `releases:`)",
+    ),
 ];
 
 #[derive(Debug, PartialEq)]
@@ -80,7 +85,7 @@ fn pieces(t: &str) -> Result<Vec<Piece<'_>>, String> {
             };
             let known = match index {
                 None => [
-                    "rank", "ranks", "host", "port", "rdma", "iface", "dir", "seed",
+                    "rank", "ranks", "host", "port", "rdma", "iface", "dir", "seed", "release",
                 ]
                 .contains(&name),
                 Some(_) => ["host", "port", "addr", "rdma"].contains(&name),
@@ -148,9 +153,40 @@ pub fn fill(t: &str, v: &Values) -> Result<String, String> {
                 (Some(h), Some(p)) => Some(format!("{h}:{p}")),
                 _ => None,
             },
+            Piece::Field("release", None) => {
+                return Err(format!(
+                    "`{t}`: `{{release}}` is filled only in a scenario with `releases:`"
+                ))
+            }
             Piece::Field(name, _) => return Err(format!("`{t}`: no value for `{name}`")),
         };
         out.push_str(&piece.ok_or_else(|| format!("`{t}`: names a rank this run does not have"))?);
+    }
+    Ok(out)
+}
+
+/// Whether the template names `{release}`.
+pub fn uses_release(t: &str) -> bool {
+    pieces(t).is_ok_and(|ps| ps.contains(&Piece::Field("release", None)))
+}
+
+/// The template with `{release}` replaced by `root` and every other placeholder kept as it was,
+/// so the rank fills the rest as usual.
+pub fn put_release(t: &str, root: &str) -> Result<String, String> {
+    let mut out = String::new();
+    for p in pieces(t)? {
+        match p {
+            Piece::Text(s) => out.push_str(s),
+            Piece::Brace(c) => {
+                out.push(c);
+                out.push(c);
+            }
+            Piece::Field("release", None) => {
+                out.push_str(&root.replace('{', "{{").replace('}', "}}"))
+            }
+            Piece::Field(name, None) => out.push_str(&format!("{{{name}}}")),
+            Piece::Field(name, Some(n)) => out.push_str(&format!("{{{name}:{n}}}")),
+        }
     }
     Ok(out)
 }
@@ -206,5 +242,22 @@ mod tests {
         assert!(check("{port", 2).unwrap_err().contains("without"));
         assert!(check("a}b", 2).unwrap_err().contains("lone"));
         assert!(check("{port:1} {{literal}}", 2).is_ok());
+    }
+
+    #[test]
+    fn a_release_goes_in_before_the_rank_fills_the_rest() {
+        let t = "{release}/bin/python {rank} {addr:1} {{x}}";
+        assert!(uses_release(t));
+        assert!(!uses_release("{rank} {{release}}"));
+        let put = put_release(t, "/opt/torch {2}").unwrap();
+        assert_eq!(put, "/opt/torch {{2}}/bin/python {rank} {addr:1} {{x}}");
+        assert_eq!(
+            fill(&put, &values()).unwrap(),
+            "/opt/torch {2}/bin/python 1 10.0.0.2:4001 {x}"
+        );
+        // Left unfilled, it says where it belongs rather than starting a program with it.
+        assert!(fill(t, &values())
+            .unwrap_err()
+            .contains("only in a scenario with `releases:`"));
     }
 }
