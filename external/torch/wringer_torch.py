@@ -9,6 +9,7 @@ message (its file:line included) and the process exits 1.
   wringer-torch --rank R --size N --store DIR|tcp:HOST:PORT [--iface IF] [--timeout-ms T]
                 [--lazy] [--rounds K] [--sizes 64,4096,...] [--until-error]
                 [--leave-before-first-collective RANK] [--stop-after-lazy-accept RANK]
+                [--late-to-first-collective RANK:MS]
 
 WRINGER_TORCH_VENV names the torch release to run (a venv, or any Python prefix with torch):
 the driver re-executes itself with that venv's Python before it imports torch.
@@ -17,9 +18,12 @@ the driver re-executes itself with that venv's Python before it imports torch.
 --leave-before-first-collective RANK: after a barrier on the default group, rank RANK exits
   (os._exit, as gloo #520's reproduction does) before the subgroup's first collective.
 --stop-after-lazy-accept RANK: rank RANK stops itself (SIGSTOP) the moment its side of the
-  subgroup's first lazy connect is accepted (a new TCP socket of its own appears), so the peer
-  that initiated it must fail by its own deadline (the initiator backstop of gloo PR #521's
-  review, 1a).
+  subgroup's first lazy connect has a socket (a new TCP socket of its own appears: accepted, or
+  opened to the peer), so the peer must fail by its own deadline (the initiator backstop of gloo
+  PR #521's review, 1a). The other ranks start that collective only once the watch is armed.
+--late-to-first-collective RANK:MS: rank RANK waits MS ms after the barrier before it joins the
+  subgroup's first collective, so a fault struck on its `late` line finds its peers inside that
+  collective, their lazy connects to it pending.
 """
 
 import os
@@ -61,7 +65,14 @@ def options():
     p.add_argument("--until-error", action="store_true")
     p.add_argument("--leave-before-first-collective", type=int, default=None, metavar="RANK")
     p.add_argument("--stop-after-lazy-accept", type=int, default=None, metavar="RANK")
+    p.add_argument("--late-to-first-collective", default=None, metavar="RANK:MS")
     o = p.parse_args()
+    if o.late_to_first_collective is not None:
+        try:
+            rank, ms = o.late_to_first_collective.split(":")
+            o.late_to_first_collective = (int(rank), int(ms))
+        except ValueError:
+            p.error("--late-to-first-collective takes RANK:MS")
     if not (0 <= o.rank < o.size):
         p.error("--rank must be below --size")
     if o.timeout_ms <= 0:
@@ -153,8 +164,17 @@ def main():
     if o.leave_before_first_collective == o.rank:
         say("leaving before the subgroup's first collective")
         os._exit(0)
-    if o.stop_after_lazy_accept == o.rank:
-        stop_at_next_socket(own_sockets())
+    if o.stop_after_lazy_accept is not None:
+        # The stopping rank watches from a snapshot of its sockets, and nobody starts the
+        # subgroup's connect before that snapshot exists (a store key, which makes no pair).
+        if o.stop_after_lazy_accept == o.rank:
+            stop_at_next_socket(own_sockets())
+            store.set("wringer-armed", "1")
+        else:
+            store.wait(["wringer-armed"])
+    if o.late_to_first_collective and o.late_to_first_collective[0] == o.rank:
+        say(f"late to the subgroup's first collective by {o.late_to_first_collective[1]} ms")
+        time.sleep(o.late_to_first_collective[1] / 1000)
     mismatches = 0
     checked = 0
     peers = o.size * (o.size - 1) // 2

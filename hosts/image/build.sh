@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build a container test-host image locally (no registry): a minimal Debian with sshd, tc, strace,
-# ps and the runtime of the real Gloo (exec scenarios), imported into Docker.
+# ps, the runtime of the real Gloo and Debian's python3 (exec scenarios: the torch venvs made with
+# the same interpreter are bind-mounted in), imported into Docker.
 #   build.sh [IMAGE] [SUITE] [EXTRA_PACKAGES]
 # wringer-host:bookworm is the plain host; wringer-slurm:SUITE adds Debian's Slurm and munge
 # (`just setup-slurm`), from this machine's release, because the Slurm clients here must speak
@@ -10,7 +11,7 @@ image="${1:-wringer-host:bookworm}"
 suite="${2:-bookworm}"
 extra="${3:-}"
 # Raise when the image's contents change, so an older image is rebuilt.
-version="2${extra:+-$extra}"
+version="3${extra:+-$extra}"
 have="$(docker image inspect -f '{{ index .Config.Labels "wringer.image" }}' "$image" 2>/dev/null || true)"
 if [ "$have" = "$version" ]; then
     echo "$image (version $version) already exists"
@@ -20,7 +21,7 @@ root="$(mktemp -d /tmp/wringer-rootfs.XXXXXX)"
 # The new root is its own /: mode 700 from mktemp would lock every other user out of it.
 chmod 755 "$root"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=openssh-server,iproute2,procps,ca-certificates,strace,libgloo0,coreutils \
+debootstrap --variant=minbase --include=openssh-server,iproute2,procps,ca-certificates,strace,libgloo0,coreutils,python3 \
     "$suite" "$root" http://deb.debian.org/debian
 if [ -n "$extra" ]; then
     # A second stage, with apt in the new root: debootstrap's own ordering cannot configure

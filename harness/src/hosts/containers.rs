@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use testcontainers::core::WaitFor;
+use testcontainers::core::{AccessMode, Mount, WaitFor};
 use testcontainers::runners::SyncRunner;
 use testcontainers::{Container, GenericImage, ImageExt};
 
@@ -69,7 +69,9 @@ pub fn docker(args: &[&str], limit: Duration) -> Result<String> {
 const T: Duration = Duration::from_secs(60);
 
 impl ContainerHosts {
-    pub fn start(count: u32, image: &str, run_id: &str) -> Result<ContainerHosts> {
+    /// Start `count` hosts; each folder of `shares` (absolute) is bind-mounted read-only at
+    /// the same path in every one (the torch releases a run uses, so a venv's paths hold there).
+    pub fn start(count: u32, image: &str, run_id: &str, shares: &[PathBuf]) -> Result<ContainerHosts> {
         let (repo, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
         if docker(&["image", "inspect", image], T).is_err() {
             bail!("the image {image} is not built here: run `just setup-containers` (there is no registry to pull from)");
@@ -119,14 +121,20 @@ impl ContainerHosts {
         hosts.gateway = IpAddr::from([ctl[0], ctl[1], ctl[2], 1]);
         for i in 0..count {
             let name = format!("wringer-{run_id}-h{i}");
-            let container = GenericImage::new(repo, tag)
+            let mut request = GenericImage::new(repo, tag)
                 .with_wait_for(WaitFor::message_on_stderr("Server listening"))
                 .with_container_name(name.clone())
                 .with_hostname(format!("h{i}"))
                 .with_env_var("WRINGER_AUTHORIZED_KEY", public.clone())
                 .with_label("wringer.pid", std::process::id().to_string())
                 .with_cap_add("NET_ADMIN")
-                .with_startup_timeout(Duration::from_secs(60))
+                .with_startup_timeout(Duration::from_secs(60));
+            for share in shares {
+                let at = share.display().to_string();
+                request = request
+                    .with_mount(Mount::bind_mount(at.clone(), at).with_access_mode(AccessMode::ReadOnly));
+            }
+            let container = request
                 .start()
                 .with_context(|| format!("starting container {name}"))?;
             // Fixed addresses on our two networks (kept across a restart), and off the default

@@ -94,6 +94,12 @@ impl Placement {
 const REMOTE_DIR: &str = "~/.cache/wringer";
 
 pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
+    prepare_sharing(profile, run_id, &[])
+}
+
+/// [`prepare`], with folders of this machine that container hosts must see at the same path
+/// (read-only): the releases the run's scenarios use. Other kinds of host have their own.
+pub fn prepare_sharing(profile: &HostProfile, run_id: &str, shares: &[PathBuf]) -> Result<Placement> {
     match profile.kind {
         // An rxe-vm run happens inside its VM (see `vm`), where ranks are local.
         ProfileKind::Local | ProfileKind::RxeVm | ProfileKind::RxeVmPair => Ok(Placement::Local),
@@ -103,7 +109,7 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
                 .as_ref()
                 .context("a containers profile needs `containers:`")?;
             containers::sweep_leftovers();
-            let c = ContainerHosts::start(spec.count, &spec.image, run_id)?;
+            let c = ContainerHosts::start(spec.count, &spec.image, run_id, shares)?;
             c.wait_ssh(Duration::from_secs(60))?;
             let mut hosts = vec![];
             for (i, h) in c.hosts.iter().enumerate() {

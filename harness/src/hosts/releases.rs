@@ -52,10 +52,11 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
     match named {
         Some(list) => {
             for folder in list.split(':').filter(|f| !f.is_empty()) {
-                let root = PathBuf::from(folder);
-                let version = torch_version(&root).map_err(|why| {
-                    format!("{}={list}: {folder}: {why}", variable(family))
-                })?;
+                let why = |why: String| format!("{}={list}: {folder}: {why}", variable(family));
+                // Absolute, so the same path holds on container hosts (bind-mounted there).
+                let root = std::fs::canonicalize(folder)
+                    .map_err(|e| why(format!("cannot be opened ({e})")))?;
+                let version = torch_version(&root).map_err(why)?;
                 found.push(Release { version, root });
             }
         }
@@ -151,11 +152,14 @@ mod tests {
         let found = installed(ReleaseFamily::Torch).unwrap();
         let versions: Vec<&str> = found.iter().map(|r| r.version.as_str()).collect();
         assert_eq!(versions, ["2.8.0", "2.15.0"]);
-        assert_eq!(found[1].root, a);
+        assert_eq!(found[1].root, std::fs::canonicalize(&a).unwrap());
         // A folder without torch is an error that names it, not a silent skip.
         std::env::set_var("WRINGER_TORCH", dir.join("nothing").display().to_string());
         let e = installed(ReleaseFamily::Torch).unwrap_err();
-        assert!(e.contains("nothing: has no bin/python"), "{e}");
+        assert!(e.contains("nothing: cannot be opened"), "{e}");
+        std::env::set_var("WRINGER_TORCH", dir.display().to_string());
+        let e = installed(ReleaseFamily::Torch).unwrap_err();
+        assert!(e.contains("has no bin/python"), "{e}");
         std::env::set_var("WRINGER_TORCH", format!("{}:{}", a.display(), a.display()));
         assert!(installed(ReleaseFamily::Torch).unwrap_err().contains("two torch releases"));
         std::env::remove_var("WRINGER_TORCH");

@@ -67,7 +67,13 @@ pub fn run(
     let placement = if selected.is_empty() {
         Placement::Local
     } else {
-        crate::hosts::placement::prepare(profile, &run_id)?
+        let mut shares: Vec<PathBuf> = selected
+            .iter()
+            .filter_map(|l| l.scenario.release.as_ref().map(|r| r.root.clone()))
+            .collect();
+        shares.sort();
+        shares.dedup();
+        crate::hosts::placement::prepare_sharing(profile, &run_id, &shares)?
     };
     let facts = crate::hosts::placement::facts(&placement)?;
     let meta = RunMeta::new(

@@ -37,7 +37,7 @@ impl TestCluster {
                 bail!("`{tool}` is not installed here: the test cluster's login node is this machine (install Debian's munge and slurm-client, or run `just setup-slurm`)");
             }
         }
-        let hosts = Arc::new(ContainerHosts::start(nodes + 1, image, run_id)?);
+        let hosts = Arc::new(ContainerHosts::start(nodes + 1, image, run_id, &[])?);
         hosts.wait_ssh(T)?;
         let dir = std::env::temp_dir().join(format!("wringer-slurm-{run_id}"));
         // munged insists that every folder above its socket can be searched by all.
