@@ -370,16 +370,15 @@ fn expand_releases(loaded: Vec<Loaded>) -> anyhow::Result<Vec<Loaded>> {
             out.push(l);
             continue;
         };
-        if !found.contains_key(&family.as_str()) {
-            let releases = harness::hosts::releases::installed(family)
-                .map_err(|why| InputError::plain(&l.path, why))?;
-            found.insert(family.as_str(), releases);
-        }
         let path = l.path.clone();
-        out.extend(
-            steps::for_releases(l, &found[family.as_str()])
-                .map_err(|why| InputError::plain(&path, why))?,
-        );
+        let releases = match found.entry(family.as_str()) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => e.insert(
+                harness::hosts::releases::installed(family)
+                    .map_err(|why| InputError::plain(&path, why))?,
+            ),
+        };
+        out.extend(steps::for_releases(l, releases).map_err(|why| InputError::plain(&path, why))?);
     }
     Ok(out)
 }

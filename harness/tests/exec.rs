@@ -261,7 +261,11 @@ fn fake_release(root: &Path, version: &str, delay_s: &str) {
     let site = root.join("lib/python3.11/site-packages/torch");
     std::fs::create_dir_all(&site).unwrap();
     std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::write(site.join("version.py"), format!("__version__ = '{version}+cpu'\n")).unwrap();
+    std::fs::write(
+        site.join("version.py"),
+        format!("__version__ = '{version}+cpu'\n"),
+    )
+    .unwrap();
     std::fs::write(root.join("delay"), delay_s).unwrap();
     let python = root.join("bin/python");
     std::fs::write(
@@ -304,17 +308,33 @@ fn a_scenario_runs_once_per_release_and_a_departure_times_the_survivors() {
     fake_release(&slow, "2.0.0", "1.5");
     let (out, r) = run_releases("releases", &[&slow, &fast], &[]);
     let scenarios = r["scenarios"].as_array().cloned().unwrap_or_default();
-    let by_name = |n: &str| scenarios.iter().find(|s| s["name"] == n).cloned().unwrap_or(Value::Null);
+    let by_name = |n: &str| {
+        scenarios
+            .iter()
+            .find(|s| s["name"] == n)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
     // One result per release, named with it (oldest first), each run against its own folder.
-    let names: Vec<&str> = scenarios.iter().filter_map(|s| s["name"].as_str()).collect();
-    assert_eq!(names, ["torch-1.0.0-fixture-release", "torch-2.0.0-fixture-release"], "{r:#}");
+    let names: Vec<&str> = scenarios
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["torch-1.0.0-fixture-release", "torch-2.0.0-fixture-release"],
+        "{r:#}"
+    );
     let fast_run = by_name("torch-1.0.0-fixture-release");
     assert_eq!(fast_run["verdict"], "pass", "{fast_run:#}");
     // Timed from the leaver's announcement: about the survivor's 0.3 s, never negative.
     let detect = fast_run["metrics"]["detect_ms"]["max"].as_f64().unwrap();
     assert!((250.0..1000.0).contains(&detect), "detect_ms {detect}");
     let notes = strings(&fast_run["evidence"]["notes"]).join("\n");
-    assert!(notes.contains("rank 0 (leaver): left on purpose (exit 0)"), "{notes}");
+    assert!(
+        notes.contains("rank 0 (leaver): left on purpose (exit 0)"),
+        "{notes}"
+    );
     assert!(notes.contains("after the exit of rank 0"), "{notes}");
     assert!(rank_log(&r, 1).contains(&format!("{}/bin/python", fast.display())));
     // The slow release breaks the bound: a failure of that release alone.
@@ -331,22 +351,46 @@ fn a_scenario_runs_once_per_release_and_a_departure_times_the_survivors() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["name"].as_str().unwrap().into(), s["verdict"].as_str().unwrap().into()))
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().into(),
+                s["verdict"].as_str().unwrap().into(),
+            )
+        })
         .collect();
-    assert!(verdicts.contains(&("torch-2.0.0-fixture-release".into(), "xfail".into())), "{verdicts:?}");
-    assert!(verdicts.contains(&("torch-1.0.0-fixture-release".into(), "pass".into())), "{verdicts:?}");
+    assert!(
+        verdicts.contains(&("torch-2.0.0-fixture-release".into(), "xfail".into())),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts.contains(&("torch-1.0.0-fixture-release".into(), "pass".into())),
+        "{verdicts:?}"
+    );
     assert_eq!(out.status.code(), Some(0));
     // The same release failing another way (its survivor never prints the error) is not hidden.
-    std::fs::write(slow.join("bin/python"), "#!/bin/sh\n[ \"$1\" = leave ] && { echo 'leaving now'; exit 0; }\nexit 1\n").unwrap();
+    std::fs::write(
+        slow.join("bin/python"),
+        "#!/bin/sh\n[ \"$1\" = leave ] && { echo 'leaving now'; exit 0; }\nexit 1\n",
+    )
+    .unwrap();
     let (out, r) = run_releases("releases-other", &[&slow], &["--hosts", &profile]);
     let s = &r["scenarios"][0];
     assert_eq!(s["verdict"], "fail", "{s:#}");
-    assert!(s["reason"].as_str().unwrap().contains("but this is another"), "{s:#}");
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap()
+            .contains("but this is another"),
+        "{s:#}"
+    );
     assert_eq!(out.status.code(), Some(1));
     // A folder that holds no torch is bad input, named, with exit code 2.
     let (out, _) = run_releases("releases-bad", &[&base], &[]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("WRINGER_TORCH") && err.contains("has no bin/python"), "{err}");
+    assert!(
+        err.contains("WRINGER_TORCH") && err.contains("has no bin/python"),
+        "{err}"
+    );
     std::fs::remove_dir_all(&base).unwrap();
 }

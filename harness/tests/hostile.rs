@@ -340,3 +340,21 @@ fn an_error_that_quotes_the_input_never_writes_a_control_character_raw() {
     assert!(err.contains("s.yaml:"), "{err}");
     assert!(!err.contains('\u{1b}') && !err.contains('\u{7}'), "{err:?}");
 }
+
+#[test]
+fn a_release_placeholder_or_family_that_cannot_be_filled_is_a_located_error() {
+    let step = r#"exec: { deadline: 10s, roles: { a: { ranks: [0, 1], program: "{release}/bin/python" } } }"#;
+    let (code, err) = validate("release", &scenario("30s", step));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("s.yaml:6:5") && err.contains("only a scenario with `releases:`"),
+        "{err}"
+    );
+    let unknown = scenario("30s", step).replace("ranks: 2\n", "ranks: 2\nreleases: tensorflow\n");
+    let (code, err) = validate("release-family", &unknown);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("s.yaml:3:11") && err.contains("torch"),
+        "{err}"
+    );
+}

@@ -71,7 +71,12 @@ const T: Duration = Duration::from_secs(60);
 impl ContainerHosts {
     /// Start `count` hosts; each folder of `shares` (absolute) is bind-mounted read-only at
     /// the same path in every one (the torch releases a run uses, so a venv's paths hold there).
-    pub fn start(count: u32, image: &str, run_id: &str, shares: &[PathBuf]) -> Result<ContainerHosts> {
+    pub fn start(
+        count: u32,
+        image: &str,
+        run_id: &str,
+        shares: &[PathBuf],
+    ) -> Result<ContainerHosts> {
         let (repo, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
         if docker(&["image", "inspect", image], T).is_err() {
             bail!("the image {image} is not built here: run `just setup-containers` (there is no registry to pull from)");
@@ -131,8 +136,9 @@ impl ContainerHosts {
                 .with_startup_timeout(Duration::from_secs(60));
             for share in shares {
                 let at = share.display().to_string();
-                request = request
-                    .with_mount(Mount::bind_mount(at.clone(), at).with_access_mode(AccessMode::ReadOnly));
+                request = request.with_mount(
+                    Mount::bind_mount(at.clone(), at).with_access_mode(AccessMode::ReadOnly),
+                );
             }
             let container = request
                 .start()

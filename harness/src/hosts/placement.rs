@@ -99,7 +99,11 @@ pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
 
 /// [`prepare`], with folders of this machine that container hosts must see at the same path
 /// (read-only): the releases the run's scenarios use. Other kinds of host have their own.
-pub fn prepare_sharing(profile: &HostProfile, run_id: &str, shares: &[PathBuf]) -> Result<Placement> {
+pub fn prepare_sharing(
+    profile: &HostProfile,
+    run_id: &str,
+    shares: &[PathBuf],
+) -> Result<Placement> {
     match profile.kind {
         // An rxe-vm run happens inside its VM (see `vm`), where ranks are local.
         ProfileKind::Local | ProfileKind::RxeVm | ProfileKind::RxeVmPair => Ok(Placement::Local),

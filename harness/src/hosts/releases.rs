@@ -47,7 +47,9 @@ fn default_folder() -> PathBuf {
 /// torch is an error (it says which); an incomplete install under the default folder is passed
 /// over, so a half-finished `just external-torch` never becomes a failure.
 pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
-    let named = std::env::var(variable(family)).ok().filter(|v| !v.trim().is_empty());
+    let named = std::env::var(variable(family))
+        .ok()
+        .filter(|v| !v.trim().is_empty());
     let mut found = vec![];
     match named {
         Some(list) => {
@@ -72,7 +74,7 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
             }
         }
     }
-    found.sort_by(|a, b| order(&a.version).cmp(&order(&b.version)));
+    found.sort_by_key(|a| order(&a.version));
     for pair in found.windows(2) {
         if pair[0].version == pair[1].version {
             return Err(format!(
@@ -104,7 +106,8 @@ fn torch_version(root: &Path) -> Result<String, String> {
         return Err("has no bin/python (name a venv or a Python prefix)".into());
     }
     let lib = root.join("lib");
-    let entries = std::fs::read_dir(&lib).map_err(|e| format!("cannot read {}: {e}", lib.display()))?;
+    let entries =
+        std::fs::read_dir(&lib).map_err(|e| format!("cannot read {}: {e}", lib.display()))?;
     let file = entries
         .flatten()
         .map(|e| e.path().join("site-packages/torch/version.py"))
@@ -120,7 +123,13 @@ fn torch_version(root: &Path) -> Result<String, String> {
     let version: String = public
         .chars()
         .take(40)
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     name::check(&format!("v{version}")).map_err(|why| format!("version `{raw}`: {why}"))?;
     Ok(version)
@@ -135,7 +144,11 @@ mod tests {
         std::fs::create_dir_all(&site).unwrap();
         std::fs::create_dir_all(root.join("bin")).unwrap();
         std::fs::write(root.join("bin/python"), "").unwrap();
-        std::fs::write(site.join("version.py"), format!("__version__ = '{version}'\ngit_version = 'x'\n")).unwrap();
+        std::fs::write(
+            site.join("version.py"),
+            format!("__version__ = '{version}'\ngit_version = 'x'\n"),
+        )
+        .unwrap();
     }
 
     #[test]
@@ -161,7 +174,9 @@ mod tests {
         let e = installed(ReleaseFamily::Torch).unwrap_err();
         assert!(e.contains("has no bin/python"), "{e}");
         std::env::set_var("WRINGER_TORCH", format!("{}:{}", a.display(), a.display()));
-        assert!(installed(ReleaseFamily::Torch).unwrap_err().contains("two torch releases"));
+        assert!(installed(ReleaseFamily::Torch)
+            .unwrap_err()
+            .contains("two torch releases"));
         std::env::remove_var("WRINGER_TORCH");
         std::fs::remove_dir_all(&dir).unwrap();
     }

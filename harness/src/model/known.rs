@@ -82,7 +82,8 @@ pub fn check(k: &KnownFailure) -> Result<(), String> {
         return Err("a known failure needs a scenario name or pattern".into());
     }
     if let Some(p) = &k.failure {
-        regex::Regex::new(p).map_err(|e| format!("known failure `{}`: bad regex `{p}`: {e}", k.scenario))?;
+        regex::Regex::new(p)
+            .map_err(|e| format!("known failure `{}`: bad regex `{p}`: {e}", k.scenario))?;
     }
     if k.reason.trim().is_empty() {
         return Err(format!(
@@ -211,7 +212,9 @@ mod tests {
             apply(&mut r, std::slice::from_ref(&k), false);
             r
         };
-        let r = failing(&["rank 1 (survivor): noticed the fault after 10004.0 ms, over the 3s allowed"]);
+        let r = failing(&[
+            "rank 1 (survivor): noticed the fault after 10004.0 ms, over the 3s allowed",
+        ]);
         assert_eq!(r.verdict, Verdict::Xfail);
         // The same scenario failing another way stays a failure, and says which failure it was.
         let r = failing(&[
@@ -220,7 +223,10 @@ mod tests {
         ]);
         assert_eq!(r.verdict, Verdict::Fail);
         let why = r.reason.unwrap();
-        assert!(why.contains("but this is another: data_mismatches = 3"), "{why}");
+        assert!(
+            why.contains("but this is another: data_mismatches = 3"),
+            "{why}"
+        );
         assert!(!why.contains("another: rank 1"), "{why}");
     }
 
@@ -239,7 +245,10 @@ mod tests {
         assert!(e.contains("needs a reason"), "{e}");
         std::fs::write(&f, "- scenario: a\n  reason: r\n  failure: \"(\"\n").unwrap();
         let e = load(&f).unwrap_err().to_string();
-        assert!(e.contains("known.yaml:1:") && e.contains("bad regex"), "{e}");
+        assert!(
+            e.contains("known.yaml:1:") && e.contains("bad regex"),
+            "{e}"
+        );
         std::fs::write(&f, "- scenario: a\n  reasn: typo\n").unwrap();
         assert!(load(&f).unwrap_err().to_string().contains("known.yaml:2:"));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -170,6 +170,39 @@ mod tests {
     }
 
     #[test]
+    fn a_release_scenario_with_no_release_installed_is_a_skip_that_names_the_recipe() {
+        // Loaded without expanding releases: no release was put in, as when none is installed.
+        let Decision::Skip(why) = decide("local", false, false, "torch-gloo-lazy-rank-exits")
+        else {
+            panic!("expected a skip")
+        };
+        assert!(
+            why.starts_with("no-torch: no torch release is installed"),
+            "{why}"
+        );
+        assert!(
+            why.contains("`just external-torch`") && why.contains("WRINGER_TORCH"),
+            "{why}"
+        );
+        // With a release put in, it runs.
+        let mut s = scenario("torch-gloo-lazy-rank-exits").scenario;
+        s.release = Some(crate::model::scenario::Release {
+            version: "2.15.0".into(),
+            root: "/opt/torch".into(),
+        });
+        let p = profile::load(&repo("hosts/local.yaml")).unwrap();
+        let facts = [bare()];
+        let policy = Policy {
+            profile: &p,
+            facts: &facts,
+            strict: false,
+            host_control: false,
+            no_audit: false,
+        };
+        assert_eq!(policy.decide(&s), Decision::Run);
+    }
+
+    #[test]
     fn missing_hardware_is_a_typed_skip() {
         let Decision::Skip(why) = decide("local", false, false, "rdma-pingpong") else {
             panic!("expected a skip")

@@ -196,9 +196,18 @@ mod tests {
             cell("torch-2.8.0-gloo-allreduce"),
             Some(("torch-2.8.0-gloo".into(), "data path"))
         );
-        assert_eq!(cell("torch-gloo-allreduce"), Some(("torch-gloo".into(), "data path")));
-        assert_eq!(cell("gloo-peer-freeze"), Some(("gloo".into(), "peer freeze")));
-        assert_eq!(cell("gloo-allreduce-8rank"), Some(("gloo".into(), "data path")));
+        assert_eq!(
+            cell("torch-gloo-allreduce"),
+            Some(("torch-gloo".into(), "data path"))
+        );
+        assert_eq!(
+            cell("gloo-peer-freeze"),
+            Some(("gloo".into(), "peer freeze"))
+        );
+        assert_eq!(
+            cell("gloo-allreduce-8rank"),
+            Some(("gloo".into(), "data path"))
+        );
         assert_eq!(
             cell("tcp-xhost-peer-host-death"),
             Some(("wringer-tcp".into(), "host faults"))
@@ -219,8 +228,14 @@ mod tests {
             cell("libfabric-rdm-server-death"),
             Some(("libfabric".into(), "peer death"))
         );
-        assert_eq!(cell("ucx-perftest-latency"), Some(("ucx".into(), "data path")));
-        assert_eq!(cell("tcp-exact-reads"), Some(("wringer-tcp".into(), "framing")));
+        assert_eq!(
+            cell("ucx-perftest-latency"),
+            Some(("ucx".into(), "data path"))
+        );
+        assert_eq!(
+            cell("tcp-exact-reads"),
+            Some(("wringer-tcp".into(), "framing"))
+        );
         assert_eq!(cell("mine-something"), None);
     }
 
@@ -254,7 +269,10 @@ mod tests {
         assert!(lines.contains(&"| other | · | · | · | ⏭️ 1 |"), "{md}");
         // A row per release, the older first, after the fixed rows and before `other`.
         let at = |row: &str| lines.iter().position(|l| l.starts_with(row)).unwrap();
-        assert!(lines.contains(&"| torch-2.15.0-gloo | · | ⚠️ 1 | · | · |"), "{md}");
+        assert!(
+            lines.contains(&"| torch-2.15.0-gloo | · | ⚠️ 1 | · | · |"),
+            "{md}"
+        );
         assert!(at("| ucx") < at("| torch-2.8.0-gloo"), "{md}");
         assert!(at("| torch-2.8.0-gloo") < at("| torch-2.15.0-gloo"), "{md}");
         assert!(at("| torch-2.15.0-gloo") < at("| other"), "{md}");

@@ -173,10 +173,7 @@ impl Step {
 /// One copy of the scenario per release, each named with its release and with `{release}` put
 /// in; with no release installed, the scenario as it is (the policy skips it, naming the
 /// recipe that installs one).
-pub fn for_releases(
-    loaded: Loaded,
-    releases: &[scenario::Release],
-) -> Result<Vec<Loaded>, String> {
+pub fn for_releases(loaded: Loaded, releases: &[scenario::Release]) -> Result<Vec<Loaded>, String> {
     if loaded.scenario.releases.is_none() || releases.is_empty() {
         return Ok(vec![loaded]);
     }

@@ -216,3 +216,35 @@ fn readiness_is_exactly_one_of_a_port_a_line_or_a_command() {
     assert!(refused(&with("ready: { listening: true, line: up }"), 2).contains("exactly one"));
     assert!(refused(&with("ready: { command: [] }"), 2).contains("exactly one"));
 }
+
+#[test]
+fn a_departure_is_the_fault_its_peers_are_timed_from() {
+    let mut leaver = record(0, "server");
+    leaver.departed_us = Some(3_000_000);
+    leaver.exit = Some("exit 0".into());
+    let mut client = record(1, "client");
+    client.first_error_us = Some(3_250_000);
+    client.first_error = Some("error: peer left".into());
+    client.exit = Some("exit 1".into());
+    client.exit_us = Some(3_260_000);
+    let r = judge(&[leaver, client]);
+    assert_eq!(r.failures, Vec::<String>::new());
+    assert_eq!(r.metrics, vec![(Metric::DetectMs, 250.0), (Metric::ExitMs, 260.0)]);
+    assert!(r.notes.iter().any(|n| n.contains("rank 0 (server): left on purpose")), "{:?}", r.notes);
+    assert!(r.notes.iter().any(|n| n.contains("after the exit of rank 0")), "{:?}", r.notes);
+}
+
+#[test]
+fn a_departing_role_is_checked_and_release_placeholders_are_put_in() {
+    let departs = PAIR.replace("    ready: { listening: true }\n", "    ready: { listening: true }\n    departs: \"(bad\"\n");
+    assert!(refused(&departs, 2).contains("bad regex"));
+    let signalled = PAIR.replace("    ready: { listening: true }\n", "    ready: { listening: true }\n    departs: \"^bye\"\n");
+    assert!(refused(&signalled, 2).contains("a role that departs exits by itself"));
+    let e = parse(&PAIR.replace("program: srv", "program: \"{release}/bin/srv\""));
+    assert!(e.uses_release() && !parse(PAIR).uses_release());
+    let put = e.for_release("/opt/torch-2.15.0").unwrap();
+    assert_eq!(put.roles["server"].program, "/opt/torch-2.15.0/bin/srv");
+    // The rank's own placeholders are left for the rank to fill.
+    assert_eq!(put.roles["client"].args, ["{addr:0}"]);
+    assert!(!put.uses_release());
+}
