@@ -354,7 +354,7 @@ fn a_release_placeholder_or_family_that_cannot_be_filled_is_a_located_error() {
     let (code, err) = validate("release-family", &unknown);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("s.yaml:3:11") && err.contains("torch"),
+        err.contains("s.yaml:4:11") && err.contains("expected one of torch"),
         "{err}"
     );
 }
