@@ -205,7 +205,10 @@ def main():
         while True:
             dist.all_reduce(t, group=group)
             time.sleep(0.01)
-    # Destroying the groups is part of what a correct Gloo does; done before the last line.
+    # A closing barrier: no rank tears its pairs down while a slower peer is still inside its
+    # last allreduce (a close with unread data would reset that peer's connection). Then
+    # destroying the groups, part of what a correct Gloo does, before the last line.
+    dist.barrier(group=group)
     dist.destroy_process_group()
     say("done")
 
