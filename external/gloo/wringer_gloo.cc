@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <gloo/allreduce_ring.h>
+#include <gloo/barrier.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -312,6 +313,11 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
+    // A closing barrier: no rank tears its pairs down while a slower peer is still inside its
+    // last allreduce (closing with unread data would reset that peer's connection).
+    gloo::BarrierOptions closing(ctx);
+    closing.setTimeout(std::chrono::milliseconds(o.timeout_ms));
+    gloo::barrier(closing);
     std::printf("done\n");
     return mismatches == 0 ? 0 : 3;
   } catch (const std::exception& e) {

@@ -38,8 +38,8 @@ enum Command {
         /// Only scenarios whose name contains this text.
         #[arg(long)]
         filter: Option<String>,
-        /// Override every scenario's repeat count.
-        #[arg(long)]
+        /// Override every scenario's repeat count (1 to 10,000).
+        #[arg(long, value_parser = |s: &str| s.parse::<u32>().map_err(|e| e.to_string()).and_then(harness::model::scenario::check_repeat))]
         repeat: Option<u32>,
         /// Seed for payload patterns (recorded in the report).
         #[arg(long)]

@@ -358,3 +358,140 @@ fn a_release_placeholder_or_family_that_cannot_be_filled_is_a_located_error() {
         "{err}"
     );
 }
+
+#[test]
+fn special_files_in_every_input_end_at_once_with_exit_2_and_say_what_they_are() {
+    let dir = std::env::temp_dir().join(format!("wringer-hostile-special-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("hosts")).unwrap();
+    std::fs::create_dir_all(dir.join("run")).unwrap();
+    let fifo = |name: &str| {
+        let p = dir.join(name);
+        assert!(Command::new("mkfifo").arg(&p).status().unwrap().success());
+        p
+    };
+    let scenario = fifo("s.yaml");
+    let profile = fifo("hosts/p.yaml");
+    fifo("run/results.json");
+    std::fs::write(
+        dir.join("hosts/zero.yaml"),
+        "name: zero\ndescription: d\nkind: local\nknown_failures_file: /dev/zero\n",
+    )
+    .unwrap();
+    let wringer = |args: &[&std::ffi::OsStr]| {
+        let started = std::time::Instant::now();
+        let out = Command::new(WRINGER).args(args).output().unwrap();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = wringer(&["validate".as_ref(), scenario.as_os_str()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("is a FIFO (named pipe), not a regular file: name a scenario file"),
+        "{err}"
+    );
+    let (code, err) = wringer(&["validate".as_ref(), profile.as_os_str()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("not a regular file: name a host profile file"),
+        "{err}"
+    );
+    let (code, err) = wringer(&["validate".as_ref(), dir.join("hosts/zero.yaml").as_os_str()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/dev/zero: is a character device"), "{err}");
+    let (code, err) = wringer(&[
+        "report".as_ref(),
+        dir.join("run").as_os_str(),
+        "--out".as_ref(),
+        dir.join("page.html").as_os_str(),
+        "--history".as_ref(),
+        dir.join("history.jsonl").as_os_str(),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("results.json: is a FIFO"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn values_run_would_stumble_on_are_refused_by_validate() {
+    let exec = |role: &str| {
+        format!(
+            r#"exec: {{ deadline: 10s, roles: {{ "{role}": {{ ranks: [0, 1], program: sh }} }} }}"#
+        )
+    };
+    // A role name with markup or a newline would reach summary.md and the rank logs raw.
+    for bad in ["<b>x</b>", "a\\nstarting: forged", "../up"] {
+        let (code, err) = validate("role", &scenario("30s", &exec(bad)));
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(
+            err.contains("s.yaml:6:5") && err.contains("role name"),
+            "{bad}: {err}"
+        );
+    }
+    assert_eq!(
+        validate("role-ok", &scenario("30s", &exec("client-1"))).0,
+        0
+    );
+    // Repeats past the bound, and a perturbation on a syscall that does not exist.
+    let many = scenario("30s", &exec("a")).replace("ranks: 2\n", "ranks: 2\nrepeat: 4294967295\n");
+    let (code, err) = validate("repeat", &many);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("s.yaml:4:9") && err.contains("repeat is at most 10000"),
+        "{err}"
+    );
+    let perturbed = scenario("30s", &exec("a")).replace(
+        "ranks: 2\n",
+        "ranks: 2\nperturb:\n  - { syscall: recvfromm, delay_enter: 1ms }\n",
+    );
+    let (code, err) = validate("perturb", &perturbed);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("s.yaml:5:5") && err.contains("`recvfromm` is not a syscall"),
+        "{err}"
+    );
+    // A coordinator address nobody can connect to.
+    let host = "  - name: a\n    ssh: { host: \"10.0.0.1\" }\n    data_addr: \"10.0.0.1\"\n";
+    for addr in ["255.255.255.255", "224.0.0.1", "0.0.0.0", "ff02::1"] {
+        let (code, err) = profile("bcast", host, addr);
+        assert_eq!(code, 2, "{addr}: {err}");
+        assert!(
+            err.contains("pair.yaml:4:") && err.contains("must be a unicast address"),
+            "{addr}: {err}"
+        );
+    }
+    // A known failure for every scenario, unless it says so.
+    let every = "name: p\ndescription: d\nkind: local\nknown_failures:\n  - { scenario: \"*\", reason: r }\n";
+    let (code, err) = validate_at("every", "hosts/p.yaml", every);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("p.yaml:5:5") && err.contains("matches every scenario"),
+        "{err}"
+    );
+    let meant = every.replace("reason: r }", "reason: r, match_all: true }");
+    let (code, err) = validate_at("every-meant", "hosts/p.yaml", &meant);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: known failure `*` has match_all: true"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_repeat_override_of_zero_is_refused_not_run_as_a_pass() {
+    let out = Command::new(WRINGER)
+        .args(["run", "--repeat", "0", "scenarios/tcp-exact-reads.yaml"])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("repeat must be at least 1"), "{err}");
+}

@@ -173,7 +173,7 @@ impl HostProfile {
 }
 
 pub fn load(path: &Path) -> Result<HostProfile, InputError> {
-    let text = crate::model::input::read_text(path)?;
+    let text = crate::model::input::read_text(path, crate::model::input::FileKind::Profile)?;
     let mut p = parse(path, &text)?;
     if let Some(f) = &p.known_failures_file {
         let f = path.parent().unwrap_or(Path::new(".")).join(f);
@@ -191,6 +191,8 @@ pub fn parse(path: &Path, text: &str) -> Result<HostProfile, InputError> {
     for k in &p.known_failures {
         known::check(&k.value).map_err(|why| located(path, &k.referenced, why))?;
     }
+    known::check_list(p.known_failures.iter().map(|k| &k.value))
+        .map_err(|why| InputError::plain(path, why))?;
     p.known = p.known_failures.iter().map(|k| k.value.clone()).collect();
     Ok(p)
 }
@@ -316,7 +318,19 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
 
 fn coordinator_addr(path: &Path, addr: &Spanned<String>) -> Result<(), InputError> {
     spanned(path, "coordinator_addr", addr, Charset::Address)?;
-    if addr.value.parse::<std::net::IpAddr>().is_err() {
+    if let Ok(ip) = addr.value.parse::<std::net::IpAddr>() {
+        let broadcast = matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast());
+        if ip.is_unspecified() || ip.is_multicast() || broadcast {
+            return Err(located(
+                path,
+                &addr.referenced,
+                format!(
+                    "coordinator_addr `{}` must be a unicast address (not a broadcast, multicast or unspecified one): the rendezvous listens on it and every host connects to it",
+                    addr.value
+                ),
+            ));
+        }
+    } else {
         return Err(located(
             path,
             &addr.referenced,

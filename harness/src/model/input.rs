@@ -32,9 +32,113 @@ impl InputError {
     }
 }
 
-/// Read a text file; bytes that are not UTF-8 are an error at their line and column.
-pub fn read_text(file: &Path) -> Result<String, InputError> {
-    let bytes = std::fs::read(file).map_err(|e| InputError::io(file, e))?;
+/// What a file is read as. Each kind has a size cap: no input of that kind is anywhere near
+/// it, and a file over it (or a device that never ends) is refused before it fills memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    Scenario,
+    Profile,
+    KnownFailures,
+    /// A run's `results.json` (or `bench.json`), read back by `wringer report`.
+    Results,
+    /// `history.jsonl`, one line per run.
+    History,
+}
+
+impl FileKind {
+    pub fn cap(self) -> u64 {
+        const MIB: u64 = 1 << 20;
+        match self {
+            FileKind::Scenario | FileKind::Profile | FileKind::KnownFailures => MIB,
+            FileKind::Results | FileKind::History => 256 * MIB,
+        }
+    }
+
+    fn noun(self) -> &'static str {
+        match self {
+            FileKind::Scenario => "scenario",
+            FileKind::Profile => "host profile",
+            FileKind::KnownFailures => "known-failures",
+            FileKind::Results => "results",
+            FileKind::History => "history",
+        }
+    }
+}
+
+/// What a file that is not a regular one is, for the error that refuses it.
+fn what_it_is(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Read an input file, the one way every input is read: a regular file only (a FIFO would
+/// block, `/dev/zero` would never end), at most its kind's cap. Opened without blocking, and
+/// checked again once open, so a file swapped for a FIFO in between cannot hang the read.
+pub fn read_bytes(file: &Path, kind: FileKind) -> Result<Vec<u8>, InputError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let refuse = |t: std::fs::FileType| {
+        InputError::plain(
+            file,
+            format!(
+                "is {}, not a regular file: name a {} file",
+                what_it_is(t),
+                kind.noun()
+            ),
+        )
+    };
+    let too_big = || {
+        InputError::plain(
+            file,
+            format!(
+                "is over {} MiB, more than any {} file needs: is it the right file?",
+                kind.cap() >> 20,
+                kind.noun()
+            ),
+        )
+    };
+    let meta = std::fs::metadata(file).map_err(|e| InputError::io(file, e))?;
+    if !meta.is_file() {
+        return Err(refuse(meta.file_type()));
+    }
+    if meta.len() > kind.cap() {
+        return Err(too_big());
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)
+        .map_err(|e| InputError::io(file, e))?;
+    let opened = f.metadata().map_err(|e| InputError::io(file, e))?;
+    if !opened.is_file() {
+        return Err(refuse(opened.file_type()));
+    }
+    let mut bytes = vec![];
+    f.take(kind.cap() + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| InputError::io(file, e))?;
+    if bytes.len() as u64 > kind.cap() {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
+
+/// Read a text file of this kind; bytes that are not UTF-8 are an error at their line and
+/// column.
+pub fn read_text(file: &Path, kind: FileKind) -> Result<String, InputError> {
+    let bytes = read_bytes(file, kind)?;
     String::from_utf8(bytes).map_err(|e| {
         let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
         let line = good.iter().filter(|b| **b == b'\n').count() as u64 + 1;
@@ -47,6 +151,52 @@ pub fn read_text(file: &Path) -> Result<String, InputError> {
             message: "this byte is not UTF-8: save the file as UTF-8 text".into(),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_regular_files_within_their_cap_are_read() {
+        let dir = std::env::temp_dir().join(format!("wringer-input-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.yaml");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let big = dir.join("big.yaml");
+        std::fs::write(&big, vec![b'#'; (FileKind::Scenario.cap() + 1) as usize]).unwrap();
+        let fine = dir.join("fine.yaml");
+        std::fs::write(&fine, "name: x\n").unwrap();
+        let kinds = [
+            FileKind::Scenario,
+            FileKind::Profile,
+            FileKind::KnownFailures,
+            FileKind::Results,
+            FileKind::History,
+        ];
+        for kind in kinds {
+            let started = std::time::Instant::now();
+            let e = read_bytes(&fifo, kind).unwrap_err().to_string();
+            assert!(
+                e.contains("is a FIFO (named pipe), not a regular file"),
+                "{e}"
+            );
+            let e = read_bytes(Path::new("/dev/zero"), kind)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("is a character device"), "{e}");
+            let e = read_bytes(&dir, kind).unwrap_err().to_string();
+            assert!(e.contains("is a folder"), "{e}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(1));
+            assert_eq!(read_bytes(&fine, kind).unwrap(), b"name: x\n");
+        }
+        let e = read_text(&big, FileKind::Scenario).unwrap_err().to_string();
+        assert!(
+            e.contains("is over 1 MiB, more than any scenario file needs"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 pub fn located(file: &Path, at: &Location, message: String) -> InputError {

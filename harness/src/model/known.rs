@@ -23,6 +23,33 @@ pub struct KnownFailure {
     /// still fails. Without it, any failure of the scenario is covered.
     #[serde(default)]
     pub failure: Option<String>,
+    /// A pattern that matches every scenario (`*`) is refused unless this says it is meant;
+    /// even then every run warns, since it turns any failure anywhere into an `xfail`.
+    #[serde(default)]
+    pub match_all: bool,
+}
+
+/// The most entries a known-failures list may hold: each is a failure someone measured and
+/// explained, so thousands are a generated file, not a list.
+pub const MAX_ENTRIES: usize = 1000;
+
+/// Refuse a list longer than [`MAX_ENTRIES`]; warn for each entry that matches everything.
+pub fn check_list<'a>(
+    entries: impl ExactSizeIterator<Item = &'a KnownFailure>,
+) -> Result<(), String> {
+    if entries.len() > MAX_ENTRIES {
+        return Err(format!(
+            "{} known failures, more than the {MAX_ENTRIES} a list may hold: list the failures you measured, with a reason each",
+            entries.len()
+        ));
+    }
+    for k in entries.filter(|k| k.match_all) {
+        eprintln!(
+            "warning: known failure `{}` has match_all: true: every failing scenario of this profile is reported as xfail",
+            k.scenario
+        );
+    }
+    Ok(())
 }
 
 impl KnownFailure {
@@ -69,17 +96,25 @@ fn glob(pattern: &str, name: &str) -> bool {
 
 /// Read a known-failures file: a YAML list of entries.
 pub fn load(path: &Path) -> Result<Vec<KnownFailure>, InputError> {
-    let text = crate::model::input::read_text(path)?;
+    let text = crate::model::input::read_text(path, crate::model::input::FileKind::KnownFailures)?;
     let entries: Vec<Spanned<KnownFailure>> = parse_yaml(path, &text)?;
     for e in &entries {
         check(&e.value).map_err(|why| located(path, &e.referenced, why))?;
     }
+    check_list(entries.iter().map(|e| &e.value)).map_err(|why| InputError::plain(path, why))?;
     Ok(entries.into_iter().map(|e| e.value).collect())
 }
 
 pub fn check(k: &KnownFailure) -> Result<(), String> {
     if k.scenario.trim().is_empty() {
         return Err("a known failure needs a scenario name or pattern".into());
+    }
+    let every = k.scenario.chars().all(|c| c == '*');
+    if every && !k.match_all {
+        return Err(format!(
+            "known failure `{}` matches every scenario, so any failure anywhere would pass as xfail: name the scenarios (`ucx-*`), or set `match_all: true` if you mean it",
+            k.scenario
+        ));
     }
     if let Some(p) = &k.failure {
         regex::Regex::new(p)
@@ -149,6 +184,7 @@ mod tests {
             reason: "hangs after the server dies".into(),
             link: Some("https://example.org/issue/1".into()),
             failure: None,
+            match_all: false,
         }
     }
 
@@ -228,6 +264,27 @@ mod tests {
             "{why}"
         );
         assert!(!why.contains("another: rank 1"), "{why}");
+    }
+
+    #[test]
+    fn a_pattern_for_every_scenario_needs_match_all_and_a_list_has_a_size_limit() {
+        let e = check(&entry("*")).unwrap_err();
+        assert!(
+            e.contains("matches every scenario") && e.contains("match_all: true"),
+            "{e}"
+        );
+        assert!(check(&entry("**")).is_err());
+        assert!(check(&KnownFailure {
+            match_all: true,
+            ..entry("*")
+        })
+        .is_ok());
+        assert!(check(&entry("ucx-*")).is_ok());
+        let many = vec![entry("a"); MAX_ENTRIES + 1];
+        assert!(check_list(many.iter())
+            .unwrap_err()
+            .contains("more than the 1000"));
+        assert!(check_list(many[..MAX_ENTRIES].iter()).is_ok());
     }
 
     #[test]

@@ -9,3 +9,4 @@ pub mod name;
 pub mod requirement;
 pub mod result;
 pub mod scenario;
+pub mod syscalls;

@@ -129,11 +129,24 @@ fn one() -> u32 {
     1
 }
 
-/// `repeat: 0` is an error where it stands (line and column), not after the file loaded.
+/// The most repeats a scenario (or `--repeat`) may ask for: more is a typo, not a plan.
+pub const MAX_REPEAT: u32 = 10_000;
+
+/// `repeat: 0` and repeats past [`MAX_REPEAT`] are errors where they stand (line and column),
+/// not after the file loaded.
 fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     let n = u32::deserialize(d)?;
+    check_repeat(n).map_err(serde::de::Error::custom)?;
+    Ok(n)
+}
+
+/// What is wrong with a repeat count, if anything.
+pub fn check_repeat(n: u32) -> Result<u32, String> {
     if n == 0 {
-        return Err(serde::de::Error::custom("repeat must be at least 1"));
+        return Err("repeat must be at least 1".into());
+    }
+    if n > MAX_REPEAT {
+        return Err(format!("repeat is at most {MAX_REPEAT}, got {n}"));
     }
     Ok(n)
 }
@@ -217,6 +230,12 @@ impl Perturb {
         if !name_ok {
             return Err(format!(
                 "`{}` is not a syscall name (lowercase letters, digits, _)",
+                self.syscall
+            ));
+        }
+        if !super::syscalls::exists(&self.syscall) {
+            return Err(format!(
+                "`{}` is not a syscall of this architecture (x86_64): strace could not perturb it",
                 self.syscall
             ));
         }
@@ -319,7 +338,7 @@ impl<S: Clone> Loaded<S> {
 
 /// Parse and check one scenario file.
 pub fn load<S: StepSpec + Named + DeserializeOwned>(path: &Path) -> Result<Loaded<S>, InputError> {
-    let text = super::input::read_text(path)?;
+    let text = super::input::read_text(path, crate::model::input::FileKind::Scenario)?;
     parse(path, &text)
 }
 
@@ -442,7 +461,8 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
                 ));
             }
             found.extend(files);
-        } else if p.is_file() {
+        } else if p.exists() {
+            // A FIFO or a device too: reading it says what it is (see `input::read_bytes`).
             found.push(p.clone());
         } else {
             return Err(InputError::plain(p, "no such scenario file or folder"));

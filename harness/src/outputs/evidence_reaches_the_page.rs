@@ -127,3 +127,54 @@ fn a_results_json_from_before_schema_2_still_reads() {
     assert_eq!(run.scenarios[0].latency[&key].p50_us, 5.0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_results_file_that_names_logs_outside_its_run_copies_nothing_of_them_into_the_page() {
+    let dir = temp_dir("outside-logs");
+    let secret = temp_dir("outside-secret").join("secret.txt");
+    std::fs::write(&secret, "TOP-SECRET-TOKEN").unwrap();
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    std::fs::write(
+        dir.join("logs/rank-0.log"),
+        format!("{}LAST-LINE-OF-RANK-0", "x".repeat(10_000)),
+    )
+    .unwrap();
+    // A symlink inside the run that leads out of it is outside too.
+    std::os::unix::fs::symlink(&secret, dir.join("logs/rank-1.log")).unwrap();
+    let logs = [
+        dir.join("logs/rank-0.log"),
+        dir.join("logs/rank-1.log"),
+        secret.clone(),
+        dir.join("logs/../..")
+            .join(secret.strip_prefix(std::env::temp_dir()).unwrap()),
+    ];
+    let results = serde_json::json!({
+        "run_id": "r", "host_profile": "local", "started_unix": 1, "schema": 2,
+        "scenarios": [{"name": "s", "file": "s.yaml", "verdict": "fail", "reason": "x",
+            "duration_s": 1.0, "repeats": 1, "repeats_failed": 1, "metrics": {}, "latency": {},
+            "evidence": {"rank_logs": logs}}]});
+    std::fs::write(dir.join("results.json"), results.to_string()).unwrap();
+    let page = dir.join("index.html");
+    site::write(&ReportOptions {
+        runs: vec![dir.clone()],
+        history: dir.join("history.jsonl"),
+        out: page.clone(),
+        threshold: 0.2,
+    })
+    .unwrap();
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("TOP-SECRET-TOKEN"),
+        "an outside file reached the page"
+    );
+    assert_eq!(
+        html.matches("is outside the run's folder").count(),
+        3,
+        "{html}"
+    );
+    // The log inside the run shows its tail only, read with a seek.
+    assert!(html.contains("LAST-LINE-OF-RANK-0"));
+    assert!(!html.contains(&"x".repeat(5_000)));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(secret.parent().unwrap());
+}

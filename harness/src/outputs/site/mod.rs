@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::model::input::{read_bytes, FileKind};
 use crate::model::metric::{SampleKey, Series as MetricSeries};
 use crate::model::result::{ScenarioResult, Verdict};
 use crate::outputs::bench::BenchReport;
@@ -73,14 +74,14 @@ pub struct Regression {
 
 pub fn load_run(dir: &Path) -> Result<Run> {
     let path = dir.join("results.json");
-    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = read_bytes(&path, FileKind::Results)?;
     let mut run: Run = serde_json::from_slice(&bytes)
         .with_context(|| format!("{} is not a wringer results.json", path.display()))?;
     run.dir = dir.to_owned();
     let bench = dir.join("bench.json");
     if bench.exists() {
         run.bench = Some(
-            serde_json::from_slice(&std::fs::read(&bench)?)
+            serde_json::from_slice(&read_bytes(&bench, FileKind::Results)?)
                 .with_context(|| format!("reading {}", bench.display()))?,
         );
     }
@@ -124,29 +125,30 @@ fn history_entry(run: &Run) -> HistoryEntry {
 
 /// Read the history, add these runs (once each), write it back; oldest first.
 fn update_history(path: &Path, runs: &[Run]) -> Result<Vec<HistoryEntry>> {
-    let mut entries: Vec<HistoryEntry> = match std::fs::read(path) {
-        // A line cut short (a disk filled, a job killed mid-write) must not stop every later
-        // report: it is skipped with a warning that names it, and dropped when the file is
-        // written back.
-        Ok(bytes) => String::from_utf8_lossy(&bytes)
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .filter_map(|(i, l)| match serde_json::from_str(l) {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    eprintln!(
-                        "warning: {}:{}: not a history entry ({e}); skipped",
-                        path.display(),
-                        i + 1
-                    );
-                    None
-                }
-            })
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
+    let mut entries: Vec<HistoryEntry> =
+        match path.exists().then(|| read_bytes(path, FileKind::History)) {
+            // A line cut short (a disk filled, a job killed mid-write) must not stop every later
+            // report: it is skipped with a warning that names it, and dropped when the file is
+            // written back.
+            Some(Ok(bytes)) => String::from_utf8_lossy(&bytes)
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+                .filter_map(|(i, l)| match serde_json::from_str(l) {
+                    Ok(e) => Some(e),
+                    Err(e) => {
+                        eprintln!(
+                            "warning: {}:{}: not a history entry ({e}); skipped",
+                            path.display(),
+                            i + 1
+                        );
+                        None
+                    }
+                })
+                .collect(),
+            None => vec![],
+            Some(Err(e)) => return Err(e.into()),
+        };
     for run in runs {
         if !entries.iter().any(|e| e.run_id == run.run_id) {
             entries.push(history_entry(run));

@@ -377,13 +377,47 @@ fn evidence(h: &mut String, runs: &[Run]) {
                 e(&r.host_profile),
                 verdict_class(s.verdict).to_uppercase()
             );
-            scenario_evidence(h, s);
+            scenario_evidence(h, s, &r.dir);
             h.push_str("</details>");
         }
     }
 }
 
-fn scenario_evidence(h: &mut String, s: &ScenarioResult) {
+/// The last `TAIL` bytes of a rank log, read only if the log lies inside the run's folder (a
+/// results file names its logs by path, and a page gets published: a path or a symlink that
+/// leads out of the run must not copy another file into it), with a bounded seek.
+const TAIL: u64 = 4096;
+
+fn log_tail(log: &std::path::Path, run_dir: &std::path::Path) -> Result<String, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let inside = match (log.canonicalize(), run_dir.canonicalize()) {
+        (Ok(l), Ok(d)) => l.starts_with(&d),
+        (Err(e), _) => return Err(e.to_string()),
+        (_, Err(e)) => return Err(format!("the run's folder: {e}")),
+    };
+    if !inside {
+        return Err("is outside the run's folder, so it is not shown".into());
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(log)
+        .map_err(|e| e.to_string())?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("is not a regular file, so it is not shown".into());
+    }
+    f.seek(SeekFrom::Start(meta.len().saturating_sub(TAIL)))
+        .map_err(|e| e.to_string())?;
+    let mut tail = vec![];
+    f.take(TAIL)
+        .read_to_end(&mut tail)
+        .map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&tail).into_owned())
+}
+
+fn scenario_evidence(h: &mut String, s: &ScenarioResult, run_dir: &std::path::Path) {
     if let Some(reason) = &s.reason {
         let _ = write!(h, "<p><b>reason:</b> {}</p>", e(reason));
     }
@@ -428,9 +462,7 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult) {
     }
     for log in &s.evidence.rank_logs {
         // Embed the tail, so the page stays readable without the run folder.
-        let text = std::fs::read(log)
-            .map(|b| String::from_utf8_lossy(&b[b.len().saturating_sub(4096)..]).into_owned());
-        match text {
+        match log_tail(log, run_dir) {
             Ok(t) if !t.trim().is_empty() => {
                 let _ = write!(
                     h,
@@ -451,7 +483,7 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult) {
                     h,
                     "<p class=\"muted\">rank log {}: {}</p>",
                     e(&log.display().to_string()),
-                    e(&err.to_string())
+                    e(&err)
                 );
             }
         }

@@ -271,6 +271,8 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
     }
     let mut owner: BTreeMap<u32, &str> = BTreeMap::new();
     for (name, role) in &e.roles {
+        // Role names reach the reports and the rank logs, as scenario names do.
+        crate::model::name::check(name).map_err(|why| format!("role {why}"))?;
         let at = |why: String| format!("role `{name}`: {why}");
         if role.ranks.is_empty() {
             return Err(at("needs at least one rank".into()));
