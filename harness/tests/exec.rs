@@ -394,3 +394,21 @@ fn a_scenario_runs_once_per_release_and_a_departure_times_the_survivors() {
     );
     std::fs::remove_dir_all(&base).unwrap();
 }
+
+#[test]
+fn arguments_and_output_cannot_forge_a_line_of_the_rank_log() {
+    let (out, r) = run("forged", &[&fixture("forged-lines.yaml")]);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    let log = rank_log(&r, 0);
+    assert!(
+        !log.lines().any(|l| l.starts_with("starting: forged")),
+        "{log}"
+    );
+    assert!(log.contains("a\\nstarting: forged"), "{log}");
+    assert!(!log.contains('\r') && !log.contains('\u{1b}'), "{log:?}");
+    assert!(
+        log.contains("ok\\r[exec only rank 0] forged \\u{1b}[31mred"),
+        "{log}"
+    );
+    assert!(left_behind("forged").is_empty());
+}

@@ -7,6 +7,21 @@ use serde::{Deserialize, Deserializer};
 
 pub const MAX_LEN: usize = 100;
 
+/// One line of text with every control character escaped (no ANSI sequences, no forged lines):
+/// how any text from outside (a program's output, an argument, a reason) reaches a log line,
+/// the terminal or a report.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
 /// What is wrong with `name`, if anything.
 pub fn check(name: &str) -> Result<(), String> {
     let first_ok = name

@@ -100,18 +100,7 @@ impl Reporter for Progress {
     }
 }
 
-/// One line of text with every control character escaped (no ANSI sequences, no forged lines).
-pub fn printable(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
-            } else {
-                vec![c]
-            }
-        })
-        .collect()
-}
+pub use crate::model::name::printable;
 
 #[cfg(test)]
 mod tests {

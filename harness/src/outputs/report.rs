@@ -190,7 +190,7 @@ impl ReportWriter {
                 "| {} | {verdict} | {:.1} s | {} |\n",
                 super::progress::printable(&r.name),
                 r.duration_s,
-                details.replace('|', "\\|")
+                md_cell(&details)
             ));
         }
         let matrix = super::matrix::markdown(&self.results);
@@ -279,6 +279,13 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Text in a Markdown table cell: `|` would end the cell and `<...>` would render as markup.
+fn md_cell(text: &str) -> String {
+    text.replace('|', "\\|")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,7 +296,8 @@ mod tests {
             "s",
             Path::new("s.yaml"),
             Verdict::Fail,
-            "line one\n[1/1] PASS forged \u{1b}]0;title\u{7} | cell".into(),
+            "line one\n[1/1] PASS forged \u{1b}]0;title\u{7} | cell <img src=x onerror=alert(1)>"
+                .into(),
         );
         r.duration_s = 1.0;
         let w = ReportWriter {
@@ -304,6 +312,11 @@ mod tests {
             "{row}"
         );
         assert!(!md.lines().any(|l| l.starts_with("[1/1]")));
+        // Markup from a program's output is text in the cell, not markup.
+        assert!(
+            !md.contains("<img") && row.contains("&lt;img src=x"),
+            "{row}"
+        );
     }
 
     #[test]

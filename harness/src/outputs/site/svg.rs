@@ -15,11 +15,22 @@ const RIGHT: f64 = 16.0;
 const TOP: f64 = 28.0;
 const BOTTOM: f64 = 40.0;
 
+/// Text for HTML and SVG: markup escaped, and every control character but newline and tab
+/// written escaped (an ANSI sequence from a program's output never reaches the page raw).
 pub fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 struct Axis {
@@ -269,6 +280,15 @@ pub fn histogram(title: &str, buckets: &[(f64, u64)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escaped_text_holds_no_markup_and_no_raw_control_character() {
+        let t = escape("<b>\u{1b}[31mred\u{7}</b> & \"q\"\nnext\tcol");
+        assert_eq!(
+            t,
+            "&lt;b&gt;\\u{1b}[31mred\\u{7}&lt;/b&gt; &amp; &quot;q&quot;\nnext\tcol"
+        );
+    }
 
     #[test]
     fn extreme_values_never_put_nan_or_infinity_into_a_chart() {

@@ -22,6 +22,7 @@ use super::template::{self, Values};
 use super::{Preflight, Reconciled, StepKind, StruckFault};
 use crate::hosts::{procfs, programs};
 use crate::model::duration::Dur;
+use crate::model::name::printable;
 use crate::model::metric::Metric;
 use crate::model::scenario::{Fault, FaultAction, StepSpec};
 use crate::rank::context::Ctx;
@@ -533,7 +534,9 @@ impl StepKind for Exec {
         let program = fill(&role.program)?;
         let args = role.args.iter().map(fill).collect::<Result<Vec<_>>>()?;
         let env = template::fill_map(&role.env, &values).map_err(anyhow::Error::msg)?;
-        log(ctx, name, started, &format!("starting: {program} {}", args.join(" ")));
+        // Escaped: an argument holding a newline must not forge a line of the rank log.
+        let shown: Vec<String> = args.iter().map(|a| printable(a)).collect();
+        log(ctx, name, started, &format!("starting: {} {}", printable(&program), shown.join(" ")));
         // Shipped programs (beside wringer) come first; a missing one stays a typed error.
         let path = programs::search_path();
         let resolved = programs::resolve(&program, &path)
@@ -805,7 +808,7 @@ impl<'a> Watch<'a> {
             Pipe::Err => "err",
         };
         let ms = l.at.saturating_duration_since(started).as_secs_f64() * 1000.0;
-        eprintln!("[exec {} rank {} +{ms:.3}ms {pipe}] {}", self.name, ctx.rank, l.text);
+        eprintln!("[exec {} rank {} +{ms:.3}ms {pipe}] {}", self.name, ctx.rank, printable(&l.text));
         self.record.tail.push(l.text.chars().take(300).collect());
         if self.record.tail.len() > TAIL_LINES {
             self.record.tail.remove(0);
