@@ -278,7 +278,12 @@ pub fn minutes(t: &str) -> Option<u64> {
     Some(seconds.div_ceil(60))
 }
 
-/// Expand a Slurm node list (`n[0-2],gpu07,a[1,3-4]b`) into names, in order.
+/// The most nodes a list may name, and the longest a node's name may be (a host name's limit).
+const MAX_NODES: u64 = 4096;
+const MAX_NAME: usize = 253;
+
+/// Expand a Slurm node list (`n[0-2],gpu07,a[1,3-4]b`) into names, in order. Every bound is
+/// checked before anything is expanded: a short list can name gigabytes of nodes.
 pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
     let mut names = vec![];
     let mut rest = list;
@@ -303,6 +308,12 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
         }
         match item.split_once('[') {
             None if item.contains(']') => return Err(format!("`{item}`: `]` without `[`")),
+            None if item.len() > MAX_NAME => {
+                return Err(format!(
+                    "a node name has at most {MAX_NAME} characters, one has {}",
+                    item.len()
+                ))
+            }
             None => names.push(item.to_string()),
             Some((prefix, tail)) => {
                 let (ranges, suffix) = tail
@@ -317,8 +328,18 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
                     let (Ok(x), Ok(y)) = (x, y) else {
                         return Err(format!("`{item}`: `{r}` is not a number or a range"));
                     };
-                    if x > y || y - x > 4096 {
+                    if x > y {
                         return Err(format!("`{item}`: `{r}` is not an ascending range"));
+                    }
+                    if names.len() as u64 + (y - x + 1) > MAX_NODES {
+                        return Err(format!("more than {MAX_NODES} nodes"));
+                    }
+                    let longest = prefix.len() + a.len().max(b.len()) + suffix.len();
+                    if longest > MAX_NAME {
+                        return Err(format!(
+                            "`{}…`: a node name has at most {MAX_NAME} characters",
+                            item.chars().take(40).collect::<String>()
+                        ));
                     }
                     for n in x..=y {
                         // Zero-padded as written (`01-04`).
@@ -327,8 +348,8 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
                 }
             }
         }
-        if names.len() > 4096 {
-            return Err("more than 4096 nodes".into());
+        if names.len() as u64 > MAX_NODES {
+            return Err(format!("more than {MAX_NODES} nodes"));
         }
     }
     Ok(names)
@@ -337,6 +358,25 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_short_list_that_names_too_much_is_refused_before_it_is_expanded() {
+        // Many ranges of 4,096 in one bracket: each alone is within the cap, together far over.
+        let many = format!("n[{}]", vec!["0-4095"; 10_000].join(","));
+        let started = std::time::Instant::now();
+        assert_eq!(expand_nodelist(&many).unwrap_err(), "more than 4096 nodes");
+        assert!(started.elapsed() < std::time::Duration::from_millis(200));
+        // A zero-padded width that would make every name huge.
+        let wide = format!("n[{}1-{}9]", "0".repeat(100_000), "0".repeat(100_000));
+        assert!(expand_nodelist(&wide)
+            .unwrap_err()
+            .contains("at most 253 characters"));
+        assert!(expand_nodelist(&"x".repeat(300))
+            .unwrap_err()
+            .contains("at most 253"));
+        assert_eq!(expand_nodelist("n[0-4095]").unwrap().len(), 4096);
+        assert!(expand_nodelist("n[0-4095],m").is_err());
+    }
 
     #[test]
     fn node_lists_expand_as_slurm_writes_them() {
