@@ -412,3 +412,35 @@ fn arguments_and_output_cannot_forge_a_line_of_the_rank_log() {
     );
     assert!(left_behind("forged").is_empty());
 }
+
+#[test]
+fn an_output_flood_is_read_whole_with_bounded_memory_and_a_capped_log() {
+    let (out, r) = run("flood", &[&fixture("flood.yaml")]);
+    let s = &r["scenarios"][0];
+    assert_eq!(out.status.code(), Some(0), "{s:#}");
+    // The last line, after 200 MB, was read: nothing was dropped on the way.
+    assert_eq!(s["metrics"]["rounds"]["max"], 7.0, "{s:#}");
+    let notes = strings(&s["evidence"]["notes"]).join("\n");
+    assert!(
+        notes.contains("its log was cut at the 1 MiB limit"),
+        "{notes}"
+    );
+    let peak: f64 = notes
+        .split("rank peak memory ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no peak memory note: {notes}"));
+    assert!(
+        peak < 64.0,
+        "the rank peaked at {peak} MiB under a 200 MB flood"
+    );
+    let log = rank_log(&r, 0);
+    assert!(log.len() < 2 << 20, "the rank log is {} bytes", log.len());
+    assert!(
+        log.contains("output past the 1 MiB log limit is not logged"),
+        "{}",
+        &log[log.len().saturating_sub(2000)..]
+    );
+    assert!(log.contains("the log was cut:"));
+}

@@ -158,3 +158,10 @@ fn gdb_backtrace(pid: u32, limit: Duration) -> String {
 }
 
 use std::os::unix::process::CommandExt;
+
+/// This process's peak resident memory (VmHWM), KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}

@@ -39,7 +39,14 @@ pub struct Exec {
     #[serde(default)]
     pub no_output_timeout: Option<Dur>,
     pub deadline: Dur,
+    /// How much of each program's output goes into its rank log (MiB, 1 to 1024; 16 when
+    /// absent). Past it, lines are still read for errors, readiness and metrics, but not
+    /// logged; the log and the result say how many were left out.
+    #[serde(default)]
+    pub log_limit_mib: Option<u32>,
 }
+
+const DEFAULT_LOG_LIMIT_MIB: u32 = 16;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -198,6 +205,12 @@ pub struct Record {
     pub violations: Vec<String>,
     /// The last lines it printed, for the verdict's evidence.
     pub tail: Vec<String>,
+    /// Lines past the log limit, read but not logged.
+    #[serde(default)]
+    pub unlogged_lines: u64,
+    /// The rank's peak resident memory (VmHWM) when the step ended, KiB.
+    #[serde(default)]
+    pub peak_rss_kib: Option<u64>,
 }
 
 const TAIL_LINES: usize = 12;
@@ -264,6 +277,9 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
     }
     if e.deadline.0 < Duration::from_secs(1) {
         return Err("the deadline must be at least 1s".into());
+    }
+    if e.log_limit_mib.is_some_and(|m| !(1..=1024).contains(&m)) {
+        return Err("log_limit_mib must be 1..=1024".into());
     }
     if let Some(t) = e.no_output_timeout {
         if t.0 >= e.deadline.0 {
@@ -442,6 +458,10 @@ impl Role {
 
 impl Exec {
     /// The step with `{release}` put in as `root` everywhere placeholders are filled.
+    fn log_limit(&self) -> u64 {
+        u64::from(self.log_limit_mib.unwrap_or(DEFAULT_LOG_LIMIT_MIB)) << 20
+    }
+
     pub fn for_release(&self, root: &str) -> Result<Exec, String> {
         let put = |t: &mut String| -> Result<(), String> {
             *t = template::put_release(t, root)?;
@@ -640,6 +660,15 @@ impl StepKind for Exec {
                 log(ctx, name, started, &format!("ended by the harness: {e}"));
             }
         }
+        if watch.record.unlogged_lines > 0 {
+            log(
+                ctx,
+                name,
+                started,
+                &format!("the log was cut: {} lines past its limit not logged", watch.record.unlogged_lines),
+            );
+        }
+        watch.record.peak_rss_kib = procfs::peak_rss_kib();
         watch.judge_alone();
         for (metric, value) in &watch.metrics {
             report.metrics.insert(*metric, *value);
@@ -753,6 +782,8 @@ struct Watch<'a> {
     metrics: BTreeMap<Metric, f64>,
     record: Record,
     exit: Option<Exit>,
+    /// Bytes of output logged so far, against the step's log limit.
+    logged: u64,
 }
 
 impl<'a> Watch<'a> {
@@ -798,6 +829,7 @@ impl<'a> Watch<'a> {
                 ..Record::default()
             },
             exit: None,
+            logged: 0,
         })
     }
 
@@ -808,7 +840,21 @@ impl<'a> Watch<'a> {
             Pipe::Err => "err",
         };
         let ms = l.at.saturating_duration_since(started).as_secs_f64() * 1000.0;
-        eprintln!("[exec {} rank {} +{ms:.3}ms {pipe}] {}", self.name, ctx.rank, printable(&l.text));
+        let limit = self.exec.log_limit();
+        if self.logged < limit {
+            self.logged += l.text.len() as u64 + 1;
+            eprintln!("[exec {} rank {} +{ms:.3}ms {pipe}] {}", self.name, ctx.rank, printable(&l.text));
+            if self.logged >= limit {
+                eprintln!(
+                    "[exec {} rank {}] output past the {} MiB log limit is not logged (still read for errors and metrics)",
+                    self.name,
+                    ctx.rank,
+                    limit >> 20
+                );
+            }
+        } else {
+            self.record.unlogged_lines += 1;
+        }
         self.record.tail.push(l.text.chars().take(300).collect());
         if self.record.tail.len() > TAIL_LINES {
             self.record.tail.remove(0);
@@ -1007,6 +1053,16 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
         let who = format!("rank {} ({})", r.rank, r.role);
         for v in &r.violations {
             out.failures.push(format!("{who}: {v}; its last lines: {}", tail(r)));
+        }
+        if r.unlogged_lines > 0 {
+            out.notes.push(format!(
+                "{who}: its log was cut at the {} MiB limit: {} lines not logged",
+                e.log_limit() >> 20,
+                r.unlogged_lines
+            ));
+        }
+        if let Some(kib) = r.peak_rss_kib {
+            out.notes.push(format!("{who}: rank peak memory {:.1} MiB", kib as f64 / 1024.0));
         }
         let Some((victim, action, fault_us)) = fault.clone() else {
             continue;

@@ -13,6 +13,10 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 /// Longest line kept; a program printing megabytes without a newline is cut, not buffered.
 const MAX_LINE: usize = 8 << 10;
+/// Lines waiting for the rank to read them. When the queue is full the reader stops reading,
+/// so the pipe fills and the program waits on its writes (back-pressure, no line lost): a
+/// program's output flood costs the rank at most QUEUE x MAX_LINE (8 MiB) of memory.
+const QUEUE: usize = 1024;
 
 /// Which pipe a line came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,7 +116,7 @@ impl External {
                 error,
             },
         })?;
-        let (tx, lines) = crossbeam_channel::unbounded();
+        let (tx, lines) = crossbeam_channel::bounded(QUEUE);
         let mut readers = vec![];
         let pipes: [(Pipe, Option<Box<dyn Read + Send>>); 2] = [
             (Pipe::Out, child.stdout.take().map(|s| Box::new(s) as _)),
