@@ -153,6 +153,38 @@ pub fn read_text(file: &Path, kind: FileKind) -> Result<String, InputError> {
     })
 }
 
+pub fn located(file: &Path, at: &Location, message: String) -> InputError {
+    InputError::Located {
+        file: file.to_owned(),
+        line: at.line(),
+        column: at.column(),
+        message,
+    }
+}
+
+/// Parse YAML into `T`, mapping parser and schema errors to a located [`InputError`].
+pub fn parse_yaml<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, InputError> {
+    serde_saphyr::from_str::<T>(text).map_err(|e| {
+        // The library's message starts with its own "line L column C:" prefix and appends a
+        // snippet; keep the first line's message and put our file:line:column in front.
+        let full = e.to_string();
+        let first = full
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_start_matches("error: ")
+            .to_string();
+        let message = match first.split_once(": ") {
+            Some((prefix, rest)) if prefix.starts_with("line ") => rest.to_string(),
+            _ => first,
+        };
+        match e.location() {
+            Some(at) => located(file, &at, message),
+            None => InputError::plain(file, message),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,36 +229,4 @@ mod tests {
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-pub fn located(file: &Path, at: &Location, message: String) -> InputError {
-    InputError::Located {
-        file: file.to_owned(),
-        line: at.line(),
-        column: at.column(),
-        message,
-    }
-}
-
-/// Parse YAML into `T`, mapping parser and schema errors to a located [`InputError`].
-pub fn parse_yaml<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, InputError> {
-    serde_saphyr::from_str::<T>(text).map_err(|e| {
-        // The library's message starts with its own "line L column C:" prefix and appends a
-        // snippet; keep the first line's message and put our file:line:column in front.
-        let full = e.to_string();
-        let first = full
-            .lines()
-            .next()
-            .unwrap_or("")
-            .trim_start_matches("error: ")
-            .to_string();
-        let message = match first.split_once(": ") {
-            Some((prefix, rest)) if prefix.starts_with("line ") => rest.to_string(),
-            _ => first,
-        };
-        match e.location() {
-            Some(at) => located(file, &at, message),
-            None => InputError::plain(file, message),
-        }
-    })
 }
