@@ -444,3 +444,22 @@ fn an_output_flood_is_read_whole_with_bounded_memory_and_a_capped_log() {
     );
     assert!(log.contains("the log was cut:"));
 }
+
+#[test]
+fn a_role_that_never_becomes_ready_is_the_reason_and_says_what_it_waited_for() {
+    let started = std::time::Instant::now();
+    let (out, r) = run("never-ready", &[&fixture("never-ready.yaml")]);
+    let s = &r["scenarios"][0];
+    assert_eq!(out.status.code(), Some(1), "{s:#}");
+    let reason = s["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(
+            "rank 0 (server): never became ready within 1s: nothing listened on its port"
+        ),
+        "{reason}"
+    );
+    assert!(!reason.contains("can never be released"), "{reason}");
+    // The client was released, not left to wait out the step's 20 s.
+    assert!(started.elapsed() < std::time::Duration::from_secs(15));
+    assert!(left_behind("never-ready").is_empty());
+}

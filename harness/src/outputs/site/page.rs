@@ -115,10 +115,22 @@ fn matrix(h: &mut String, runs: &[Run]) {
         let _ = write!(h, "<th>{}</th>", e(&r.host_profile));
     }
     h.push_str("</tr>");
+    // Each run's results by name, once: a search per cell made the page quadratic (100,000
+    // scenarios took 85 s).
+    let by_name: Vec<std::collections::HashMap<&str, &ScenarioResult>> = runs
+        .iter()
+        .map(|r| {
+            let mut m = std::collections::HashMap::new();
+            for s in &r.scenarios {
+                m.entry(s.name.as_str()).or_insert(s);
+            }
+            m
+        })
+        .collect();
     for name in names {
         let _ = write!(h, "<tr><th>{}</th>", e(name));
-        for r in runs {
-            match r.scenarios.iter().find(|s| s.name == name) {
+        for (r, results) in runs.iter().zip(&by_name) {
+            match results.get(name).copied() {
                 None => h.push_str("<td class=\"none\">not run</td>"),
                 Some(s) => {
                     let v = verdict_class(s.verdict);

@@ -116,6 +116,21 @@ pub struct Ready {
     pub timeout: Dur,
 }
 
+impl Ready {
+    /// What readiness waited for, as a reason says it.
+    fn awaited(&self, port: u16) -> String {
+        match (&self.line, self.listening, &self.command) {
+            (Some(l), _, _) => format!("no output line matched `{l}`"),
+            (None, true, _) => format!("nothing listened on its port {port}"),
+            (None, false, Some(c)) => format!("`{}` never exited 0", c.join(" ")),
+            (None, false, None) => "nothing it could wait for".into(),
+        }
+    }
+}
+
+/// How a role that never became ready is reported; its failures come first in the verdict.
+const NEVER_READY: &str = "never became ready";
+
 fn ready_timeout() -> Dur {
     Dur(Duration::from_secs(30))
 }
@@ -633,7 +648,16 @@ impl StepKind for Exec {
             }
             if let Some(r) = &role.ready {
                 if watch.record.ready_us.is_none() && started.elapsed() > r.timeout.0 {
-                    watch.ended(&format!("not ready within {:?}", r.timeout.0));
+                    watch.ended(&format!("not ready within {:?}: {}", r.timeout.0, r.awaited(watch.port)));
+                    // Release the roles that wait for this one: they would otherwise wait
+                    // out the step, and the reason would be a barrier, not this.
+                    if self.has_dependents(name) {
+                        let _ = ctx.control.barrier_among(
+                            &ready_barrier(step, name),
+                            &self.ready_members(name),
+                            left(),
+                        );
+                    }
                     break;
                 }
             }
@@ -993,8 +1017,8 @@ impl<'a> Watch<'a> {
         if self.role.departs.is_some() && self.record.departed_us.is_none() {
             v.push("never announced that it leaves (no line matched `departs`)".into());
         }
-        if self.role.ready.is_some() && self.record.ready_us.is_none() && !struck {
-            v.push("never became ready".into());
+        if let Some(r) = self.role.ready.as_ref().filter(|_| self.record.ready_us.is_none() && !struck) {
+            v.push(format!("{NEVER_READY} within {:?}: {}", r.timeout.0, r.awaited(self.port)));
         }
     }
 }
@@ -1139,6 +1163,8 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
             }
         }
     }
+    // A role that never became ready is the cause of what its dependents did after: first.
+    out.failures.sort_by_key(|f| !f.contains(NEVER_READY));
     out.metrics.extend(worst_detect.map(|v| (Metric::DetectMs, v)));
     out.metrics.extend(worst_exit.map(|v| (Metric::ExitMs, v)));
     out
