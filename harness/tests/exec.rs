@@ -34,6 +34,11 @@ fn run_with_path(tag: &str, args: &[&str], extra: Option<&Path>) -> (Output, Val
         ),
         None => std::env::var("PATH").unwrap_or_default(),
     };
+    run_env(tag, args, &[("PATH", path)])
+}
+
+/// `wringer run` with these variables set; returns the output and results.json.
+fn run_env(tag: &str, args: &[&str], env: &[(&str, String)]) -> (Output, Value) {
     let dir = std::env::temp_dir().join(format!("wringer-exec-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = Command::new(WRINGER)
@@ -44,7 +49,7 @@ fn run_with_path(tag: &str, args: &[&str], extra: Option<&Path>) -> (Output, Val
         .arg(&dir)
         .env("CI", "true")
         .env("WRINGER_TEST_MARKER", marker(tag))
-        .env("PATH", path)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -53,6 +58,21 @@ fn run_with_path(tag: &str, args: &[&str], extra: Option<&Path>) -> (Output, Val
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or(Value::Null);
     (out, results)
+}
+
+/// Every scenario's (name, verdict).
+fn verdicts(r: &Value) -> Vec<(String, String)> {
+    r["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().into(),
+                s["verdict"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
 }
 
 fn left_behind(tag: &str) -> Vec<u32> {
@@ -133,17 +153,7 @@ fn known_failures_are_xfail_and_a_known_failure_that_passes_is_xpass() {
     let args = ["--hosts", &profile, &never, &death];
     let (out, r) = run("known", &args);
     assert_eq!(out.status.code(), Some(0), "{r:#}");
-    let verdicts: Vec<(String, String)> = r["scenarios"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["name"].as_str().unwrap().into(),
-                s["verdict"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
+    let verdicts = verdicts(&r);
     assert!(
         verdicts.contains(&("exec-never-exits".into(), "xfail".into())),
         "{verdicts:?}"
@@ -279,25 +289,10 @@ fn fake_release(root: &Path, version: &str, delay_s: &str) {
 
 fn run_releases(tag: &str, releases: &[&Path], args: &[&str]) -> (Output, Value) {
     let list: Vec<String> = releases.iter().map(|p| p.display().to_string()).collect();
-    let dir = std::env::temp_dir().join(format!("wringer-exec-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = Command::new(WRINGER)
-        .current_dir(common::repo())
-        .arg("run")
-        .args(args)
-        .arg(fixture("releases.yaml"))
-        .arg("--report-dir")
-        .arg(&dir)
-        .env("CI", "true")
-        .env("WRINGER_TORCH", list.join(":"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let results = std::fs::read(dir.join("results.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or(Value::Null);
-    (out, results)
+    let releases_fixture = fixture("releases.yaml");
+    let mut all = args.to_vec();
+    all.push(&releases_fixture);
+    run_env(tag, &all, &[("WRINGER_TORCH", list.join(":"))])
 }
 
 #[test]
@@ -347,17 +342,7 @@ fn a_scenario_runs_once_per_release_and_a_departure_times_the_survivors() {
     // Listed as a known failure of 2.0.0 for that failure: xfail, and the run passes.
     let profile = fixture("release-known-failures.yaml");
     let (out, r) = run_releases("releases-known", &[&fast, &slow], &["--hosts", &profile]);
-    let verdicts: Vec<(String, String)> = r["scenarios"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["name"].as_str().unwrap().into(),
-                s["verdict"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
+    let verdicts = verdicts(&r);
     assert!(
         verdicts.contains(&("torch-2.0.0-fixture-release".into(), "xfail".into())),
         "{verdicts:?}"

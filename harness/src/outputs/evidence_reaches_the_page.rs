@@ -21,6 +21,19 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
     d
 }
 
+/// The page `wringer report` makes of the run in `dir`.
+fn render(dir: &Path) -> String {
+    let page = dir.join("index.html");
+    site::write(&ReportOptions {
+        runs: vec![dir.to_owned()],
+        history: dir.join("history.jsonl"),
+        out: page.clone(),
+        threshold: 0.2,
+    })
+    .unwrap();
+    std::fs::read_to_string(&page).unwrap()
+}
+
 #[test]
 fn every_series_a_step_records_reaches_results_json_and_the_page() {
     // What ranks would report: every series at two sizes, and a few metrics.
@@ -88,15 +101,7 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
     }
     assert!(json["scenarios"][0]["metrics"]["rdma_messages"].is_object());
 
-    let page = dir.join("index.html");
-    site::write(&ReportOptions {
-        runs: vec![dir.clone()],
-        history: dir.join("history.jsonl"),
-        out: page.clone(),
-        threshold: 0.2,
-    })
-    .unwrap();
-    let html = std::fs::read_to_string(&page).unwrap();
+    let html = render(&dir);
     for series in Series::ALL {
         assert!(
             html.contains(&format!(
@@ -154,15 +159,7 @@ fn a_results_file_that_names_logs_outside_its_run_copies_nothing_of_them_into_th
             "duration_s": 1.0, "repeats": 1, "repeats_failed": 1, "metrics": {}, "latency": {},
             "evidence": {"rank_logs": logs}}]});
     std::fs::write(dir.join("results.json"), results.to_string()).unwrap();
-    let page = dir.join("index.html");
-    site::write(&ReportOptions {
-        runs: vec![dir.clone()],
-        history: dir.join("history.jsonl"),
-        out: page.clone(),
-        threshold: 0.2,
-    })
-    .unwrap();
-    let html = std::fs::read_to_string(&page).unwrap();
+    let html = render(&dir);
     assert!(
         !html.contains("TOP-SECRET-TOKEN"),
         "an outside file reached the page"
