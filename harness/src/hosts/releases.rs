@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::model::name;
-use crate::model::scenario::{Release, ReleaseFamily};
+use crate::model::scenario::{version_order, Release, ReleaseFamily};
 
 /// The environment variable that replaces the installed releases with the folders it names.
 pub fn variable(family: ReleaseFamily) -> &'static str {
@@ -74,7 +74,7 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
             }
         }
     }
-    found.sort_by_key(|a| order(&a.version));
+    found.sort_by_key(|a| version_order(&a.version));
     for pair in found.windows(2) {
         if pair[0].version == pair[1].version {
             return Err(format!(
@@ -87,15 +87,6 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
         }
     }
     Ok(found)
-}
-
-/// Version numbers compare as numbers (2.15.0 after 2.8.0), anything else as text after them.
-fn order(version: &str) -> (Vec<u64>, String) {
-    let numbers = version
-        .split(['.', '_', '-'])
-        .map_while(|p| p.parse::<u64>().ok())
-        .collect();
-    (numbers, version.to_string())
 }
 
 /// The version of the torch that `root` (a venv or a Python prefix) holds, as a name part:

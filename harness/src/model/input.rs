@@ -83,22 +83,38 @@ fn what_it_is(t: std::fs::FileType) -> &'static str {
     }
 }
 
-/// Read an input file, the one way every input is read: a regular file only (a FIFO would
-/// block, `/dev/zero` would never end), at most its kind's cap. Opened without blocking, and
-/// checked again once open, so a file swapped for a FIFO in between cannot hang the read.
+/// Why a file could not be opened as a regular one.
+pub enum NotOpened {
+    Io(std::io::Error),
+    /// A FIFO, a device, a socket or a folder: what it is.
+    NotRegular(&'static str),
+}
+
+/// Open a regular file for reading, and only one: a FIFO would block the open or the read, a
+/// device may never end. Opened without blocking, and checked again once open, so a file
+/// swapped for a FIFO in between cannot hang the caller. Returns the file and its length.
+pub fn open_regular(file: &Path) -> Result<(std::fs::File, u64), NotOpened> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta = std::fs::metadata(file).map_err(NotOpened::Io)?;
+    if !meta.is_file() {
+        return Err(NotOpened::NotRegular(what_it_is(meta.file_type())));
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(file)
+        .map_err(NotOpened::Io)?;
+    let opened = f.metadata().map_err(NotOpened::Io)?;
+    if !opened.is_file() {
+        return Err(NotOpened::NotRegular(what_it_is(opened.file_type())));
+    }
+    Ok((f, opened.len()))
+}
+
+/// Read an input file, the one way every input is read: a regular file only (see
+/// [`open_regular`]), at most its kind's cap.
 pub fn read_bytes(file: &Path, kind: FileKind) -> Result<Vec<u8>, InputError> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let refuse = |t: std::fs::FileType| {
-        InputError::plain(
-            file,
-            format!(
-                "is {}, not a regular file: name a {} file",
-                what_it_is(t),
-                kind.noun()
-            ),
-        )
-    };
     let too_big = || {
         InputError::plain(
             file,
@@ -109,21 +125,15 @@ pub fn read_bytes(file: &Path, kind: FileKind) -> Result<Vec<u8>, InputError> {
             ),
         )
     };
-    let meta = std::fs::metadata(file).map_err(|e| InputError::io(file, e))?;
-    if !meta.is_file() {
-        return Err(refuse(meta.file_type()));
-    }
-    if meta.len() > kind.cap() {
+    let (f, len) = open_regular(file).map_err(|e| match e {
+        NotOpened::Io(e) => InputError::io(file, e),
+        NotOpened::NotRegular(what) => InputError::plain(
+            file,
+            format!("is {what}, not a regular file: name a {} file", kind.noun()),
+        ),
+    })?;
+    if len > kind.cap() {
         return Err(too_big());
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(file)
-        .map_err(|e| InputError::io(file, e))?;
-    let opened = f.metadata().map_err(|e| InputError::io(file, e))?;
-    if !opened.is_file() {
-        return Err(refuse(opened.file_type()));
     }
     let mut bytes = vec![];
     f.take(kind.cap() + 1)

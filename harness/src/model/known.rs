@@ -57,13 +57,17 @@ impl KnownFailure {
         glob(&self.scenario, name)
     }
 
-    /// Whether the entry covers every one of these failures.
-    fn covers(&self, failures: &[String]) -> bool {
+    /// The failures this entry does not cover (none, for an entry without `failure:`).
+    fn uncovered<'a>(&self, failures: &'a [String]) -> Vec<&'a String> {
         let Some(pattern) = &self.failure else {
-            return true;
+            return vec![];
         };
         // Checked when the file was read; a pattern that does not compile covers nothing.
-        regex::Regex::new(pattern).is_ok_and(|re| failures.iter().all(|f| re.is_match(f)))
+        let re = regex::Regex::new(pattern).ok();
+        failures
+            .iter()
+            .filter(|f| !re.as_ref().is_some_and(|re| re.is_match(f)))
+            .collect()
     }
 
     fn why(&self) -> String {
@@ -140,11 +144,8 @@ pub fn apply(result: &mut ScenarioResult, known: &[KnownFailure], strict: bool) 
             if failures.is_empty() {
                 failures.extend(result.reason.clone());
             }
-            if !k.covers(&failures) {
-                let other: Vec<&String> = failures
-                    .iter()
-                    .filter(|f| !k.covers(std::slice::from_ref(f)))
-                    .collect();
+            let other = k.uncovered(&failures);
+            if !other.is_empty() {
                 result.reason = Some(format!(
                     "{} (a known failure is listed for this scenario, matching `{}`, but this is another: {})",
                     result.reason.as_deref().unwrap_or("failed"),

@@ -117,6 +117,15 @@ impl ReleaseFamily {
     }
 }
 
+/// A version's order: its leading numbers as numbers (2.15.0 after 2.8.0), then the text.
+pub fn version_order(version: &str) -> (Vec<u64>, String) {
+    let numbers = version
+        .split(['.', '_', '-'])
+        .map_while(|p| p.parse::<u64>().ok())
+        .collect();
+    (numbers, version.to_string())
+}
+
 /// One installed release: its version (as it appears in names: letters, digits, `.`, `_`,
 /// `-`) and its folder.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::model::result::{ScenarioResult, Verdict};
+use crate::model::scenario::version_order;
 
 /// Implementations in the order the matrix shows them: (name prefix, row label).
 pub const IMPLEMENTATIONS: &[(&str, &str)] = &[
@@ -111,7 +112,8 @@ pub fn axes(cells: &Cells) -> (Vec<Cow<'static, str>>, Vec<&'static str>) {
         .filter(|i| release_row(&format!("{i}-x")).is_some())
         .collect();
     released.dedup();
-    released.sort_by_key(|r| version_order(r));
+    // By the row's version (`torch-VERSION-gloo`), so 2.8.0 comes before 2.15.0.
+    released.sort_by_key(|r| version_order(r.split('-').nth(1).unwrap_or_default()));
     let other = cells
         .keys()
         .any(|(i, _)| i == "other")
@@ -124,16 +126,6 @@ pub fn axes(cells: &Cells) -> (Vec<Cow<'static, str>>, Vec<&'static str>) {
         .filter(|c| cells.keys().any(|(_, k)| k == c))
         .collect();
     (rows, cols)
-}
-
-/// A release row's version as numbers, so 2.8.0 comes before 2.15.0.
-fn version_order(row: &str) -> Vec<u64> {
-    row.split('-')
-        .nth(1)
-        .unwrap_or_default()
-        .split('.')
-        .map_while(|p| p.parse().ok())
-        .collect()
 }
 
 /// A cell's text: `✅ 2 ❌ 1`, or `·` when empty.

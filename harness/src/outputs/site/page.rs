@@ -401,8 +401,8 @@ fn evidence(h: &mut String, runs: &[Run]) {
 const TAIL: u64 = 4096;
 
 fn log_tail(log: &std::path::Path, run_dir: &std::path::Path) -> Result<String, String> {
+    use crate::model::input::{open_regular, NotOpened};
     use std::io::{Read, Seek, SeekFrom};
-    use std::os::unix::fs::OpenOptionsExt;
     let inside = match (log.canonicalize(), run_dir.canonicalize()) {
         (Ok(l), Ok(d)) => l.starts_with(&d),
         (Err(e), _) => return Err(e.to_string()),
@@ -411,16 +411,11 @@ fn log_tail(log: &std::path::Path, run_dir: &std::path::Path) -> Result<String, 
     if !inside {
         return Err("is outside the run's folder, so it is not shown".into());
     }
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(log)
-        .map_err(|e| e.to_string())?;
-    let meta = f.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("is not a regular file, so it is not shown".into());
-    }
-    f.seek(SeekFrom::Start(meta.len().saturating_sub(TAIL)))
+    let (mut f, len) = open_regular(log).map_err(|e| match e {
+        NotOpened::Io(e) => e.to_string(),
+        NotOpened::NotRegular(what) => format!("is {what}, so it is not shown"),
+    })?;
+    f.seek(SeekFrom::Start(len.saturating_sub(TAIL)))
         .map_err(|e| e.to_string())?;
     let mut tail = vec![];
     f.take(TAIL)
