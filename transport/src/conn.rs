@@ -8,7 +8,8 @@
 //! Who reads the stream: the read side ([`Reading`]) is one lock. A caller waiting in `recv`
 //! holds it and reads its frame itself, so a message costs the one wake-up the kernel gives the
 //! reader, as with a plain socket. While nobody receives, the receiver thread waits for bytes
-//! (a `MSG_PEEK` receive, woken by `shutdown` like any other) and reads them into the queue, so
+//! (in `poll`, which leaves a pending reset to whoever reads it, woken by `shutdown` as a receive
+//! is) and reads them into the queue, so
 //! a peer's death or garbage is noticed, and published, whether or not the application is in
 //! `recv`. Frames the receiver queued are always delivered before any the caller reads after
 //! them: the receiver queues while it holds the read side, and a caller that takes the read
@@ -16,7 +17,7 @@
 
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -71,6 +72,7 @@ pub struct Connection {
     /// Frames the receiver read while no caller was receiving.
     frames: Receiver<Frame>,
     terminal: Arc<OnceLock<Terminal>>,
+    counters: Arc<ReadCounters>,
     stop: Arc<AtomicBool>,
     presence: Arc<Presence>,
     /// Dropped at teardown to wake a receiver that is blocked handing a frame over.
@@ -114,10 +116,14 @@ impl Connection {
         let (frames_tx, frames) = crossbeam_channel::bounded(opts.queue_depth.max(1));
         let (wake, woken) = crossbeam_channel::bounded::<()>(0);
         let (recycled, reusable) = crossbeam_channel::bounded(4);
+        let counters = Arc::new(ReadCounters::default());
         let reading = Arc::new(Mutex::new(Reading {
             reader: FrameReader::new(opts.max_payload),
+            max_payload: opts.max_payload,
             expected: 0,
             reusable,
+            last_reader: None,
+            counters: Arc::clone(&counters),
         }));
         let terminal = Arc::new(OnceLock::new());
         let stop = Arc::new(AtomicBool::new(false));
@@ -131,6 +137,7 @@ impl Connection {
             frames: frames_tx,
             woken,
             terminal: Arc::clone(&terminal),
+            counters: Arc::clone(&counters),
             tid: Arc::clone(&receiver_tid),
         };
         let handle = std::thread::Builder::new()
@@ -145,6 +152,7 @@ impl Connection {
             reading,
             frames,
             terminal,
+            counters,
             stop,
             presence,
             wake: Mutex::new(Some(wake)),
@@ -233,13 +241,22 @@ impl Connection {
         let deadline = Instant::now() + timeout;
         let _receiving = self.presence.enter();
         loop {
+            #[cfg(feature = "bug-injection")]
+            if crate::injected::is(crate::injected::Bug::QueueBeforeReadSide) {
+                if let Ok(frame) = self.frames.try_recv() {
+                    return Ok(self.dequeued(frame));
+                }
+                if let Ok(mut reading) = self.reading.try_lock() {
+                    return self.read_own_frame(&mut reading, deadline, timeout);
+                }
+            }
             // The read side first: the receiver queues only while it holds it, so whatever it
             // queued before letting go is in the queue below. The end next: a frame queued
             // before the end was published is then in the queue too.
             let reading = self.reading.try_lock().ok();
             let ended = self.terminal.get().is_some();
             if let Ok(frame) = self.frames.try_recv() {
-                return Ok(frame);
+                return Ok(self.dequeued(frame));
             }
             if ended {
                 return Err(self.ended());
@@ -256,7 +273,7 @@ impl Connection {
                 });
             }
             match self.frames.recv_timeout((deadline - now).min(QUEUE_SLICE)) {
-                Ok(frame) => return Ok(frame),
+                Ok(frame) => return Ok(self.dequeued(frame)),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Err(self.ended()),
             }
@@ -279,29 +296,43 @@ impl Connection {
             spin_until: self.busy_poll.map(|spin| Instant::now() + spin),
             read_before: false,
         };
-        match reading.next(&mut source, &self.stop) {
+        match reading.next(&mut source, &self.stop, Reader::Caller) {
             Next::Frame(frame) => Ok(frame),
-            Next::TimedOut => Err(Error::Timeout {
-                during: "recv",
-                after: timeout,
-            }),
+            Next::TimedOut => {
+                #[cfg(feature = "bug-injection")]
+                if crate::injected::is(crate::injected::Bug::TimeoutDropsPartialFrame) {
+                    reading.reader = FrameReader::new(reading.max_payload);
+                }
+                Err(Error::Timeout {
+                    during: "recv",
+                    after: timeout,
+                })
+            }
             Next::End(end) => {
+                #[cfg(feature = "bug-injection")]
+                if crate::injected::is(crate::injected::Bug::CallerEndUnpublished) {
+                    return Err(error_for(Some(&end)));
+                }
                 // Published once, by whichever reader saw the end first; the receiver, woken,
                 // finds it and leaves.
-                let _ = self.terminal.set(end);
+                if self.terminal.set(end).is_ok() {
+                    self.counters.ended_by(Reader::Caller);
+                }
                 self.receiver_thread.unpark();
                 Err(self.ended())
             }
         }
     }
 
+    /// A frame `recv` took from the receiver's queue.
+    fn dequeued(&self, frame: Frame) -> Frame {
+        self.counters.dequeued.fetch_add(1, Ordering::Relaxed);
+        frame
+    }
+
     /// The error for a connection that has ended.
     fn ended(&self) -> Error {
-        match self.terminal.get() {
-            Some(Terminal::PeerClosed) => Error::PeerClosed,
-            Some(Terminal::Failed(e)) => Error::Receiver(e.clone()),
-            Some(Terminal::LocalShutdown) | None => Error::Closed,
-        }
+        error_for(self.terminal.get())
     }
 
     /// Tear down: publish stop, `shutdown(Both)`, join the receiver, release the descriptor.
@@ -326,7 +357,12 @@ impl Connection {
         if let Some(bug) = crate::injected::bug().filter(|b| b.in_teardown()) {
             return self.close_wrongly(bug, handle, socket);
         }
-        if let Some(socket) = &socket {
+        #[cfg(feature = "bug-injection")]
+        let wake = !(crate::injected::is(crate::injected::Bug::CloseSkipsShutdownWhileReceiving)
+            && self.presence.receiving());
+        #[cfg(not(feature = "bug-injection"))]
+        let wake = true;
+        if let Some(socket) = socket.as_ref().filter(|_| wake) {
             // ENOTCONN when the peer already reset us: nothing left to wake, not a failure.
             let _ = socket.shutdown(Shutdown::Both);
         }
@@ -365,9 +401,7 @@ impl Connection {
                 shutdown_and_close(spare);
                 let _ = handle.join();
             }
-            Bug::LateTimer | Bug::NoHelloBackstop | Bug::ShortDirectRead | Bug::LockAcrossJoin => {
-                unreachable!("not a teardown bug")
-            }
+            _ => unreachable!("not a teardown bug"),
         }
         // The number is closed already; the Socket must not close it again.
         std::mem::forget(socket);
@@ -385,6 +419,11 @@ impl Connection {
         self.terminal.get()
     }
 
+    /// Who has read this connection's stream, and how its frames were delivered so far.
+    pub fn read_stats(&self) -> ReadStats {
+        self.counters.snapshot()
+    }
+
     /// The descriptor number this connection owns (for diagnostics; closed after [`close`]).
     ///
     /// [`close`]: Connection::close
@@ -397,9 +436,10 @@ impl Connection {
         self.receiver_tid.load(Ordering::Acquire)
     }
 
-    /// True while the receiver thread sleeps inside `recv` (read from /proc, Linux only): it is
-    /// really blocked in a receive, not merely about to start one. For tests and harnesses that
-    /// must tear down a connection whose receiver is blocked.
+    /// True while the receiver thread sleeps on the socket (read from /proc, Linux only): in a
+    /// receive for the rest of a frame, or waiting for bytes in `poll`; really blocked, not
+    /// merely about to be. For tests and harnesses that must tear down a connection whose
+    /// receiver is blocked.
     pub fn receiver_blocked_in_recv(&self) -> bool {
         let tid = self.receiver_tid();
         if tid == 0 {
@@ -420,7 +460,11 @@ impl Connection {
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .unwrap_or("");
-        state == "S" && (nr == libc::SYS_recvfrom || nr == libc::SYS_read)
+        #[cfg(target_arch = "x86_64")]
+        let polls = nr == libc::SYS_poll || nr == libc::SYS_ppoll;
+        #[cfg(not(target_arch = "x86_64"))]
+        let polls = nr == libc::SYS_ppoll;
+        state == "S" && (nr == libc::SYS_recvfrom || nr == libc::SYS_read || polls)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -472,12 +516,118 @@ impl std::fmt::Debug for Connection {
     }
 }
 
-/// The read side of the stream: the frame reader, the sequence the next frame must carry, and
-/// the payload buffers the application handed back.
+/// The error `recv` returns for a connection that ended with `end`.
+fn error_for(end: Option<&Terminal>) -> Error {
+    match end {
+        Some(Terminal::PeerClosed) => Error::PeerClosed,
+        Some(Terminal::Failed(e)) => Error::Receiver(e.clone()),
+        Some(Terminal::LocalShutdown) | None => Error::Closed,
+    }
+}
+
+/// Who read from the socket: a caller of `recv`, or the connection's receiver thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    Caller,
+    Receiver,
+}
+
+/// How a connection's stream was read (see [`Connection::read_stats`]): the evidence a test or
+/// scenario needs that the caller's own reads, the receiver's queue and the hand-over between
+/// them were each exercised, and who found the end.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Frames a caller of `recv` read from the stream itself.
+    pub frames_read_by_callers: u64,
+    /// Frames the receiver thread read and queued.
+    pub frames_queued: u64,
+    /// Frames `recv` took from the receiver's queue.
+    pub frames_dequeued: u64,
+    /// Bytes read from the socket, by either reader.
+    pub bytes: u64,
+    /// Socket reads that brought bytes, by callers and by the receiver.
+    pub reads_by_callers: u64,
+    pub reads_by_receiver: u64,
+    /// Times the reader of the stream changed (caller to receiver, or back).
+    pub handovers: u64,
+    /// Who published the connection's end, once it has ended.
+    pub ended_by: Option<Reader>,
+}
+
+/// [`ReadStats`]' counters, updated by whoever holds the read side and read without a lock.
+#[derive(Default)]
+struct ReadCounters {
+    by_callers: AtomicU64,
+    queued: AtomicU64,
+    dequeued: AtomicU64,
+    bytes: AtomicU64,
+    reads_by_callers: AtomicU64,
+    reads_by_receiver: AtomicU64,
+    handovers: AtomicU64,
+    /// 0 until the end is published; then 1 for a caller, 2 for the receiver.
+    ended_by: AtomicU8,
+}
+
+impl ReadCounters {
+    fn ended_by(&self, reader: Reader) {
+        let code = match reader {
+            Reader::Caller => 1,
+            Reader::Receiver => 2,
+        };
+        self.ended_by.store(code, Ordering::Release);
+    }
+
+    fn snapshot(&self) -> ReadStats {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ReadStats {
+            frames_read_by_callers: n(&self.by_callers),
+            frames_queued: n(&self.queued),
+            frames_dequeued: n(&self.dequeued),
+            bytes: n(&self.bytes),
+            reads_by_callers: n(&self.reads_by_callers),
+            reads_by_receiver: n(&self.reads_by_receiver),
+            handovers: n(&self.handovers),
+            ended_by: match self.ended_by.load(Ordering::Acquire) {
+                1 => Some(Reader::Caller),
+                2 => Some(Reader::Receiver),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// A source that counts, as they happen, the reads that brought bytes and the bytes (a reader
+/// blocked for the rest of a frame has already counted its first part).
+struct Counted<'a, R> {
+    inner: &'a mut R,
+    counters: &'a ReadCounters,
+    reads: &'a AtomicU64,
+    read_any: bool,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n > 0 {
+            self.read_any = true;
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+}
+
+/// The read side of the stream: the frame reader, the sequence the next frame must carry, the
+/// payload buffers the application handed back, and who read last.
 struct Reading {
     reader: FrameReader,
+    /// Kept for the test-only bug that starts a new reader after a timeout.
+    #[cfg_attr(not(feature = "bug-injection"), allow(dead_code))]
+    max_payload: u32,
     expected: u64,
     reusable: Receiver<Vec<u8>>,
+    last_reader: Option<Reader>,
+    counters: Arc<ReadCounters>,
 }
 
 /// What one read of the stream came to.
@@ -490,12 +640,25 @@ enum Next {
 }
 
 impl Reading {
-    /// Read the next data frame from `source`, checking its kind and sequence.
-    fn next(&mut self, source: &mut impl std::io::Read, stop: &AtomicBool) -> Next {
+    /// Read the next data frame from `source` as `by`, checking its kind and sequence.
+    fn next(&mut self, source: &mut impl std::io::Read, stop: &AtomicBool, by: Reader) -> Next {
         while let Ok(buf) = self.reusable.try_recv() {
             self.reader.give_buffer(buf);
         }
-        let frame = match self.reader.read_frame(source, stop) {
+        let counters: &ReadCounters = &self.counters;
+        let mut counted = Counted {
+            inner: source,
+            counters,
+            reads: match by {
+                Reader::Caller => &counters.reads_by_callers,
+                Reader::Receiver => &counters.reads_by_receiver,
+            },
+            read_any: false,
+        };
+        let outcome = self.reader.read_frame(&mut counted, stop);
+        let read_any = counted.read_any;
+        self.count(by, read_any, matches!(outcome, Ok(ReadOutcome::Frame(_))));
+        let frame = match outcome {
             Ok(ReadOutcome::Frame(frame)) => frame,
             Ok(ReadOutcome::CleanEof) => return Next::End(Terminal::PeerClosed),
             Ok(ReadOutcome::LocalShutdown) => return Next::End(Terminal::LocalShutdown),
@@ -529,6 +692,25 @@ impl Reading {
         }
         self.expected += 1;
         Next::Frame(frame)
+    }
+
+    /// Count a frame read by `by`, and a hand-over when the stream changed readers.
+    fn count(&mut self, by: Reader, read_any: bool, frame: bool) {
+        if !read_any && !frame {
+            return;
+        }
+        let c = &self.counters;
+        if self.last_reader.is_some_and(|last| last != by) {
+            c.handovers.fetch_add(1, Ordering::Relaxed);
+        }
+        self.last_reader = Some(by);
+        if frame {
+            let frames = match by {
+                Reader::Caller => &c.by_callers,
+                Reader::Receiver => &c.queued,
+            };
+            frames.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -588,6 +770,7 @@ struct ReceiverThread {
     frames: Sender<Frame>,
     woken: Receiver<()>,
     terminal: Arc<OnceLock<Terminal>>,
+    counters: Arc<ReadCounters>,
     tid: Arc<AtomicI32>,
 }
 
@@ -597,7 +780,9 @@ impl ReceiverThread {
         self.tid.store(unsafe { libc::gettid() }, Ordering::Release);
         let end = self.receive_until_end();
         // Published once: a caller may have read the end first.
-        let _ = self.terminal.set(end);
+        if self.terminal.set(end).is_ok() {
+            self.counters.ended_by(Reader::Receiver);
+        }
         // Dropping `self.frames` here tells `recv` that no more frames will come.
     }
 
@@ -643,12 +828,12 @@ impl ReceiverThread {
             let Ok(mut reading) = self.reading.try_lock() else {
                 continue;
             };
-            // A caller may have taken the bytes between the peek and the lock: never block
+            // A caller may have taken the bytes between the wait and the lock: never block
             // holding the read side with nothing to read.
             if !reading.reader.has_buffered() && !readable_now(&self.socket) {
                 continue;
             }
-            let frame = match reading.next(&mut &*self.socket, &self.stop) {
+            let frame = match reading.next(&mut &*self.socket, &self.stop, Reader::Receiver) {
                 Next::Frame(frame) => frame,
                 Next::End(Terminal::LocalShutdown) => return self.local_shutdown(),
                 Next::End(end) => return end,

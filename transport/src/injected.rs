@@ -3,6 +3,7 @@
 //! reproduces a real transport's mistake; none is reachable in a build without the feature.
 
 use std::os::fd::RawFd;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A teardown written the wrong way.
@@ -27,6 +28,18 @@ pub(crate) enum Bug {
     /// MSCCL++'s exact reads: a short read on the large-payload (direct) path is taken as the
     /// whole rest of the frame.
     ShortDirectRead,
+    /// The read path's hand-over: `recv` looks at the receiver's queue before it takes the read
+    /// side, and not again after, so it can read a later frame while an earlier one is queued.
+    QueueBeforeReadSide,
+    /// A `recv` whose deadline passes in the middle of a frame throws away what it had read of
+    /// it: the next read starts inside the frame.
+    TimeoutDropsPartialFrame,
+    /// A caller that reads the connection's end itself returns it without publishing it: `send`,
+    /// `flush` and the other callers never learn it (and a reset reads as a clean close later).
+    CallerEndUnpublished,
+    /// `close` skips the shutdown while the application is receiving, believing the receiver
+    /// waits aside: a caller blocked in `recv`, or a receiver already waiting for bytes, is not woken.
+    CloseSkipsShutdownWhileReceiving,
 }
 
 impl Bug {
@@ -39,8 +52,13 @@ impl Bug {
     }
 }
 
-/// The bug this process was asked to have, if any.
+/// The bug this process was asked to have, if any (read once: the read path asks per message).
 pub(crate) fn bug() -> Option<Bug> {
+    static BUG: OnceLock<Option<Bug>> = OnceLock::new();
+    *BUG.get_or_init(from_env)
+}
+
+fn from_env() -> Option<Bug> {
     match std::env::var("WRINGER_TRANSPORT_BUG").ok()?.as_str() {
         "close-before-join" => Some(Bug::CloseBeforeJoin),
         "close-while-in-use" => Some(Bug::CloseWhileInUse),
@@ -49,8 +67,17 @@ pub(crate) fn bug() -> Option<Bug> {
         "no-hello-backstop" => Some(Bug::NoHelloBackstop),
         "short-direct-read" => Some(Bug::ShortDirectRead),
         "lock-across-join" => Some(Bug::LockAcrossJoin),
+        "queue-before-read-side" => Some(Bug::QueueBeforeReadSide),
+        "timeout-drops-partial-frame" => Some(Bug::TimeoutDropsPartialFrame),
+        "caller-end-unpublished" => Some(Bug::CallerEndUnpublished),
+        "close-skips-shutdown-while-receiving" => Some(Bug::CloseSkipsShutdownWhileReceiving),
         _ => None,
     }
+}
+
+/// Whether `this` bug is the one switched on.
+pub(crate) fn is(this: Bug) -> bool {
+    bug() == Some(this)
 }
 
 /// How many bytes a direct read is taken to have delivered: `n`, or with

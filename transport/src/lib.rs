@@ -23,7 +23,7 @@ mod injected;
 mod listener;
 mod sockopt;
 
-pub use conn::{Connection, ConnectionOptions};
+pub use conn::{Connection, ConnectionOptions, ReadStats, Reader};
 pub use connect::{connect, ConnectOptions};
 pub use error::{Error, ReceiverError, RejectReason, Result, Terminal};
 pub use handshake::Hello;

@@ -183,9 +183,11 @@ fn recv_now(socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Block until the socket has bytes to read, or its end or an error is there to be read,
-/// without taking any (a one-byte `MSG_PEEK`). A receive like any other: `shutdown` wakes it.
+/// without taking any. In `poll`, not a `MSG_PEEK` receive: a receive, even a peek, takes a
+/// pending error such as a reset, which can be read only once, and a caller reading at the
+/// same time would then find a clean end of stream instead. `shutdown` wakes it all the same.
 pub(crate) fn wait_for_bytes(socket: &Socket) -> io::Result<()> {
-    recv_with(socket, &mut [0u8], libc::MSG_PEEK).map(drop)
+    poll_once(socket, libc::POLLIN, -1).map(drop)
 }
 
 /// One `recv(2)` into `buf` with `flags`.

@@ -96,6 +96,36 @@ pub enum Metric {
     BandwidthGbps,
     /// and rounds (iterations, collectives) completed.
     Rounds,
+    /// The read path's hand-over: frames delivered,
+    FramesDelivered,
+    /// those delivered out of order, twice, never, or not as sent,
+    FramesOutOfOrder,
+    /// those a caller read itself, those taken from the receiver thread's queue,
+    FramesReadDirectly,
+    FramesFromQueue,
+    /// how often the stream changed readers, and the rounds where a caller arrived while the
+    /// receiver held half a frame.
+    ReadHandovers,
+    HandoverRounds,
+    /// Frames not returned whole by the `recv` after deadlines expired inside them,
+    FramesLostAfterTimeout,
+    /// and the deadlines that expired inside a header, and inside a payload.
+    MidHeaderTimeouts,
+    MidPayloadTimeouts,
+    /// Ends a caller read that a caller, `send`, `flush` or the connection reported otherwise,
+    EndsMisreported,
+    /// and ends the receiver thread found instead of a caller (the case tested no caller).
+    EndsFoundByReceiver,
+    /// Closes with callers blocked in `recv`: with the receiver parked aside, and with it
+    /// waiting for bytes;
+    CyclesReceiverParked,
+    CyclesReceiverWaiting,
+    /// closes that outlasted their bound (waited for the peer),
+    ClosesWaitingForPeer,
+    /// blocked callers that did not return local shutdown within the bound,
+    CallersNotWokenByClose,
+    /// and the slowest blocked caller's return after `close` began.
+    CallerWakeMaxMs,
 }
 
 impl Metric {

@@ -4,8 +4,10 @@
 //!
 //! Invariants, per process:
 //! - close while in use: an fd is closed while another thread is inside a syscall on it;
-//! - close before the receiver is done: an fd is closed while a thread that received on it
-//!   (since it was created) has not exited;
+//! - close before the receiver is done: an fd is closed while a thread that received on it, or
+//!   waited in `poll` for it alone, (since it was created) has not exited, unless that thread's
+//!   last such call returned after the process shut the fd down (it has seen the end: a caller
+//!   of a transport that reads its own frames, which goes on living);
 //! - use after close: a thread that used an fd before its close uses the number again after
 //!   it (EBADF, or someone else's reused descriptor), or any call on it fails with EBADF;
 //! - leaks (`leaks`): fds and threads created during a step and still open or alive at its end;
@@ -346,15 +348,18 @@ struct Fd {
     closed_at: Option<usize>,
     /// Where it was created, when that was inside the running step (for `leaks`).
     created: Option<usize>,
+    /// Where this process shut it down, if it did.
+    shut_down_at: Option<usize>,
 }
 
 #[derive(Default)]
 struct Thread {
     /// Where it was created, when that was inside the running step (for `leaks`).
     created: Option<usize>,
-    /// The fd this thread receives on: set by a receive, kept while its calls stay on that
-    /// fd, dropped by any other call (the thread has moved on, as a handshake thread does once
-    /// it hands a socket over) or by its exit.
+    /// The fd this thread receives on: set by a receive (or a `poll` on that fd alone), kept
+    /// while its calls stay on that fd, dropped by any other call (the thread has moved on, as
+    /// a handshake thread does once it hands a socket over), by a receive that returns after
+    /// the fd's shutdown (it has seen the end), or by its exit.
     receiving: Option<i32>,
 }
 
@@ -521,7 +526,7 @@ impl Audit<'_> {
             th.receiving = None;
         }
         let Some(fd) = fd else { return };
-        if receives(name) {
+        if receives(name) || matches!(name, "poll" | "ppoll") {
             th.receiving = Some(fd);
         }
         let f = p.fds.entry(fd).or_default();
@@ -628,6 +633,9 @@ impl Audit<'_> {
             );
         }
         let fd = fd_arg(name, args);
+        if let Some(fd) = fd {
+            self.saw_the_end(pid, tid, name, ret, fd, i);
+        }
         if let (Some(fd), true) = (
             fd,
             ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle),
@@ -652,6 +660,23 @@ impl Audit<'_> {
         }
         if matches!(name, "write" | "sendto") {
             self.marker(pid, args, i);
+        }
+    }
+
+    /// Note a shutdown of `fd`, and a receive or wait on it that returned after one: that
+    /// thread has seen the end, and is no longer the fd's receiver.
+    fn saw_the_end(&mut self, pid: u32, tid: u32, name: &str, ret: &str, fd: i32, i: usize) {
+        let p = self.procs.entry(pid).or_default();
+        let f = p.fds.entry(fd).or_default();
+        if name == "shutdown" && ret.starts_with('0') {
+            f.shut_down_at = Some(i);
+        } else if (receives(name) || matches!(name, "poll" | "ppoll"))
+            && f.shut_down_at.is_some_and(|at| at < i)
+        {
+            let th = p.threads.entry(tid).or_default();
+            if th.receiving == Some(fd) {
+                th.receiving = None;
+            }
         }
     }
 
@@ -756,12 +781,13 @@ mod tests {
 
     #[test]
     fn closing_before_the_receiver_exits_is_flagged() {
+        // The receiver is between two receives when the fd is shut down and closed: its next
+        // receive would find the number closed, or someone else's.
         let t = "\
 100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
 100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
-101 1.002 recvfrom(7,  <unfinished ...>
+101 1.002 recvfrom(7, \"abc\", 65536, 0, NULL, NULL) = 3
 100 1.003 shutdown(7, SHUT_RDWR) = 0
-101 1.004 <... recvfrom resumed>\"\", 65536, 0, NULL, NULL) = 0
 100 1.005 close(7)                = 0
 101 1.006 exit(0)                 = ?
 ";
@@ -773,7 +799,7 @@ mod tests {
         assert!(v[0]
             .context
             .iter()
-            .any(|(n, l)| *n == 6 && l.contains("close(7)")));
+            .any(|(n, l)| *n == 5 && l.contains("close(7)")));
     }
 
     /// A receiver closes its own descriptor; the close's return reaches the trace only after
@@ -874,6 +900,41 @@ mod tests {
 100 1.005 close(3)                = 0
 ";
         assert!(analyse(t, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn a_receiver_that_has_seen_the_end_after_the_shutdown_is_done_with_the_fd() {
+        // A caller of a transport that reads its own frames: woken by the shutdown, it sees
+        // the end and returns; the last owner closes the fd while that thread lives on.
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+101 1.002 poll([{fd=7, events=POLLIN}], 1, 4000 <unfinished ...>
+100 1.003 shutdown(7, SHUT_RDWR) = 0
+101 1.004 <... poll resumed>)     = 1 ([{fd=7, revents=POLLIN|POLLHUP}])
+101 1.005 recvfrom(7, \"\", 8192, MSG_DONTWAIT, NULL, NULL) = 0
+100 1.006 close(7)                = 0
+101 1.007 exit(0)                 = ?
+";
+        assert!(
+            analyse(t, LIFECYCLE).is_empty(),
+            "{:?}",
+            analyse(t, LIFECYCLE)
+        );
+        // Still inside its wait when the fd is closed: in use, and not done.
+        let t = "\
+100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+101 1.002 poll([{fd=7, events=POLLIN}], 1, -1 <unfinished ...>
+100 1.003 shutdown(7, SHUT_RDWR) = 0
+100 1.004 close(7)                = 0
+101 1.005 <... poll resumed>)     = 1 ([{fd=7, revents=POLLNVAL}])
+";
+        let checks: Vec<&str> = analyse(t, LIFECYCLE).iter().map(|v| v.check).collect();
+        assert_eq!(
+            checks,
+            ["close while in use", "close before the receiver is done"]
+        );
     }
 
     #[test]

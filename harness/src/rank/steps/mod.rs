@@ -7,6 +7,7 @@ mod external;
 pub use external::wall_us;
 mod gpu_support;
 mod raw_peer;
+mod scripted_peer;
 pub mod rdma_support;
 mod support;
 mod template;
@@ -126,6 +127,10 @@ registry! {
     GpuPingpongTcp(gpu_pingpong_tcp::GpuPingpongTcp) = "gpu-pingpong-tcp",
     GpuPingpongRdma(gpu_pingpong_rdma::GpuPingpongRdma) = "gpu-pingpong-rdma",
     ListenerNeverAnswers(listener_never_answers::ListenerNeverAnswers) = "listener-never-answers",
+    HandoverOrder(handover_order::HandoverOrder) = "handover-order",
+    MidFrameDeadlines(mid_frame_deadlines::MidFrameDeadlines) = "mid-frame-deadlines",
+    CallerSeesEnd(caller_sees_end::CallerSeesEnd) = "caller-sees-end",
+    CloseDuringRecv(close_during_recv::CloseDuringRecv) = "close-during-recv",
     Stall(stall::Stall) = "stall",
     Exec(exec::Exec) = "exec",
 }

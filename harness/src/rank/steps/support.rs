@@ -61,6 +61,32 @@ pub fn pattern(seed: u64, tag: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// Seeded choices (splitmix64): every rank that starts from the same seed and tag makes the
+/// same schedule, and a run's `--seed` makes it again.
+pub struct Seeded(u64);
+
+impl Seeded {
+    pub fn new(seed: u64, tag: u64) -> Seeded {
+        Seeded(seed ^ tag.wrapping_mul(0xd1b5_4a32_d192_ed03))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `lo..hi` (`lo` when the range is empty).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.next() % (hi - lo)
+    }
+}
+
 pub fn connect_to(ctx: &Ctx, peer: u32, sequence: u64, deadline: Duration) -> Result<Connection> {
     let hello = Hello {
         rank: ctx.rank,

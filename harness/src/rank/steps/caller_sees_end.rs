@@ -1,0 +1,250 @@
+//! caller-sees-end: the peer resets, truncates a frame or sends garbage while callers of `recv` are the ones reading (the receiver thread parked aside); every caller, and `send` and `flush` right after, must report that same end, classified right, within a bound.
+//!
+//! One caller, then several, per kind of end. A caller that reads the end must publish it: a
+//! caller that only returns it leaves `send` and `flush` writing into a dead stream, and a
+//! reset, which can be read only once, is read later as a clean close. The transport's read
+//! counters show who found the end; a case the receiver thread found is counted apart, since it
+//! did not test a caller.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+use transport::{Error, Reader, Terminal};
+
+use super::scripted_peer::{accept, ignored_payload, serve, stop_peer, Driver, End, Script};
+use super::{in_range, StepKind};
+use crate::hosts::procfs::wait_until;
+use crate::model::duration::Dur;
+use crate::model::metric::Metric;
+use crate::model::scenario::StepSpec;
+use crate::rank::context::Ctx;
+use crate::rank::protocol::StepReport;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerSeesEnd {
+    /// Rounds; each plays every kind of end, to one caller and to `callers` at once.
+    pub rounds: u32,
+    #[serde(default = "default_callers")]
+    pub callers: u32,
+    /// How long after the first report of the end every other caller may take to report it.
+    pub bound: Dur,
+    pub deadline: Dur,
+}
+
+fn default_callers() -> u32 {
+    3
+}
+
+const MAX_ROUNDS: u32 = 10_000;
+const MAX_CALLERS: u32 = 32;
+/// Frames each caller-set receives before the end.
+const FRAMES_BEFORE: u64 = 4;
+/// Each caller's `recv` deadline: short, so callers stay in `recv` back to back.
+const SLICE: Duration = Duration::from_millis(20);
+const PATIENCE: Duration = Duration::from_secs(5);
+const NOTED: usize = 6;
+
+impl StepSpec for CallerSeesEnd {
+    fn metrics(&self) -> &'static [Metric] {
+        &[
+            Metric::Cases,
+            Metric::EndsMisreported,
+            Metric::CasesLate,
+            Metric::SlowestCaseMs,
+            Metric::EndsFoundByReceiver,
+        ]
+    }
+
+    fn deadline(&self) -> Duration {
+        self.deadline.0
+    }
+
+    fn check(&self, _ranks: u32) -> Result<(), String> {
+        in_range("rounds", self.rounds, 1, MAX_ROUNDS)?;
+        in_range("callers", self.callers, 2, MAX_CALLERS)
+    }
+}
+
+impl StepKind for CallerSeesEnd {
+    fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
+        let deadline = Instant::now() + self.deadline.0;
+        match ctx.rank {
+            0 => self.read(ctx, deadline, report),
+            1 => serve(ctx, PATIENCE, deadline),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What one caller saw: the end as `recv` reported it (and when), then `send` and `flush`.
+struct Seen {
+    recv: Option<(Error, Instant)>,
+    send: Option<transport::Result<()>>,
+    flush: Option<transport::Result<()>>,
+}
+
+/// How one case went.
+#[derive(Default)]
+struct Verdict {
+    misreported: Vec<String>,
+    late: bool,
+    spread_ms: f64,
+    found_by_receiver: bool,
+}
+
+impl CallerSeesEnd {
+    fn read(&self, ctx: &Ctx, deadline: Instant, report: &mut StepReport) -> Result<()> {
+        let (mut cases, mut misreported, mut late, mut by_receiver) = (0u64, 0u64, 0u64, 0u64);
+        let mut slowest = 0f64;
+        let mut tag = 0u64;
+        for _ in 0..self.rounds {
+            for end in End::ALL {
+                for callers in [1, self.callers] {
+                    if Instant::now() >= deadline {
+                        bail!("only {cases} cases fit in the step deadline");
+                    }
+                    tag += 1;
+                    let v = self.case(ctx, end, callers as usize, tag)?;
+                    cases += 1;
+                    if !v.misreported.is_empty() {
+                        misreported += 1;
+                    }
+                    late += v.late as u64;
+                    by_receiver += v.found_by_receiver as u64;
+                    slowest = slowest.max(v.spread_ms);
+                    let noted = report.notes.len();
+                    if noted < NOTED {
+                        for m in &v.misreported {
+                            report.notes.push(format!(
+                                "{} to {callers} caller(s): {m}",
+                                end.name()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        stop_peer(ctx, PATIENCE)?;
+        let m = &mut report.metrics;
+        m.insert(Metric::Cases, cases as f64);
+        m.insert(Metric::EndsMisreported, misreported as f64);
+        m.insert(Metric::CasesLate, late as f64);
+        m.insert(Metric::SlowestCaseMs, slowest);
+        m.insert(Metric::EndsFoundByReceiver, by_receiver as f64);
+        report.notes.push(format!(
+            "{cases} ends (reset, truncation, garbage; to one caller and to {}), read by a \
+             caller in {} of them; {misreported} misreported; the last caller reported its end \
+             at most {slowest:.1} ms after the first",
+            self.callers,
+            cases - by_receiver
+        ));
+        Ok(())
+    }
+
+    fn case(&self, ctx: &Ctx, end: End, callers: usize, tag: u64) -> Result<Verdict> {
+        let conn = accept(ctx, PATIENCE)?;
+        let lens = vec![32; FRAMES_BEFORE as usize];
+        let d = Driver::new(&conn, Script::new(ctx.seed, tag << 8, lens), PATIENCE)?;
+        let seen = Mutex::new(Vec::<Seen>::new());
+        std::thread::scope(|s| -> Result<()> {
+            for _ in 0..callers {
+                s.spawn(|| {
+                    let saw = receive_until_end(&conn);
+                    seen.lock().unwrap_or_else(|p| p.into_inner()).push(saw);
+                });
+            }
+            // The frames arrive with the callers in recv: the receiver thread steps aside.
+            d.write_to(d.script.end(d.script.frames() - 1))?;
+            let delivered = || {
+                let st = conn.read_stats();
+                st.frames_read_by_callers + st.frames_dequeued >= FRAMES_BEFORE
+            };
+            if !wait_until(delivered, PATIENCE) {
+                bail!("the callers did not receive the {FRAMES_BEFORE} frames before the end");
+            }
+            d.end(end)?;
+            Ok(())
+        })?;
+        let seen = seen.into_inner().unwrap_or_else(|p| p.into_inner());
+        let v = judge(end, &seen, conn.terminal(), conn.read_stats().ended_by, self.bound.0);
+        conn.close()?;
+        Ok(v)
+    }
+}
+
+/// One caller: receive until `recv` reports an end, then try `send` and `flush` at once.
+fn receive_until_end(conn: &transport::Connection) -> Seen {
+    let until = Instant::now() + PATIENCE;
+    while Instant::now() < until {
+        match conn.recv(SLICE) {
+            Ok(_) | Err(Error::Timeout { .. }) => {}
+            Err(e) => {
+                let at = Instant::now();
+                let send = conn.send(&ignored_payload(), SLICE);
+                let flush = conn.flush(SLICE);
+                return Seen {
+                    recv: Some((e, at)),
+                    send: Some(send),
+                    flush: Some(flush),
+                };
+            }
+        }
+    }
+    Seen {
+        recv: None,
+        send: None,
+        flush: None,
+    }
+}
+
+fn judge(
+    end: End,
+    seen: &[Seen],
+    terminal: Option<&Terminal>,
+    ended_by: Option<Reader>,
+    bound: Duration,
+) -> Verdict {
+    let mut v = Verdict {
+        found_by_receiver: ended_by != Some(Reader::Caller),
+        ..Verdict::default()
+    };
+    let report = |what: &str, got: &Option<transport::Result<()>>| -> Option<String> {
+        match got {
+            Some(Err(e)) if end.is_reported_by(e) => None,
+            Some(Err(e)) => Some(format!("{what} reported `{e}`")),
+            Some(Ok(())) => Some(format!("{what} succeeded after the end")),
+            None => None,
+        }
+    };
+    let times: Vec<Instant> = seen.iter().filter_map(|s| s.recv.as_ref().map(|r| r.1)).collect();
+    for (i, s) in seen.iter().enumerate() {
+        match &s.recv {
+            None => v
+                .misreported
+                .push(format!("caller {i}'s recv never reported the end within {PATIENCE:?}")),
+            Some((e, _)) if !end.is_reported_by(e) => {
+                v.misreported.push(format!("caller {i}'s recv reported `{e}`"))
+            }
+            Some(_) => {}
+        }
+        v.misreported
+            .extend(report(&format!("caller {i}'s send"), &s.send));
+        v.misreported
+            .extend(report(&format!("caller {i}'s flush"), &s.flush));
+    }
+    match terminal {
+        Some(Terminal::Failed(r)) if end.is_reported_by(&Error::Receiver(r.clone())) => {}
+        other => v
+            .misreported
+            .push(format!("the connection's published end is {other:?}")),
+    }
+    if let (Some(first), Some(last)) = (times.iter().min(), times.iter().max()) {
+        let spread = *last - *first;
+        v.spread_ms = spread.as_secs_f64() * 1e3;
+        v.late = spread > bound;
+    }
+    v
+}
