@@ -68,3 +68,72 @@ fn a_receiver_that_reads_after_teardown_raises_the_ebadf_count_without_the_audit
         "{failures:#?}"
     );
 }
+
+/// Run a read-path scenario with `bug` on, `runs` times: each run must fail with `reason`.
+fn fails_every_run(file: &str, bug: &str, reason: &str, runs: u32) {
+    for run in 0..runs {
+        let (code, failures) = self::run(file, bug, &format!("{bug}-{run}"));
+        assert_eq!(
+            code, 1,
+            "run {run} of {bug} on {file} passed: {failures:#?}"
+        );
+        assert!(
+            failures.iter().any(|f| f.contains(reason)),
+            "run {run} of {bug} on {file}: no {reason} among {failures:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_caller_that_reads_past_a_frame_the_receiver_queued_fails_handover_order() {
+    let file = "scenarios/tcp-handover-order.yaml";
+    // The queue looked at before the read side is taken, and the receiver letting go of the
+    // read side before it queues: both deliver a later frame first.
+    for bug in ["queue-before-read-side", "queue-after-read-side"] {
+        fails_every_run(file, bug, "`frames_out_of_order` on rank 0", 3);
+    }
+    let (code, failures) = run(file, "none", "handover-ok");
+    assert_eq!(code, 0, "{failures:#?}");
+}
+
+#[test]
+fn a_recv_that_drops_the_part_it_read_at_its_deadline_fails_mid_frame_deadlines() {
+    let file = "scenarios/tcp-mid-frame-deadlines.yaml";
+    let reason = "`frames_lost_after_timeout` on rank 0";
+    fails_every_run(file, "timeout-drops-partial-frame", reason, 3);
+    let (code, failures) = run(file, "none", "mid-frame-ok");
+    assert_eq!(code, 0, "{failures:#?}");
+}
+
+#[test]
+fn a_caller_that_keeps_the_end_to_itself_fails_caller_sees_end() {
+    let file = "scenarios/tcp-caller-sees-end.yaml";
+    let reason = "`ends_misreported` on rank 0";
+    fails_every_run(file, "caller-end-unpublished", reason, 3);
+    let (code, failures) = run(file, "none", "ends-ok");
+    assert_eq!(code, 0, "{failures:#?}");
+}
+
+#[test]
+fn a_close_that_skips_the_shutdown_while_callers_receive_fails_close_during_recv() {
+    let file = "scenarios/tcp-close-during-recv.yaml";
+    // Whichever state the first cycle finds, a caller left asleep or a close that waits for
+    // the peer names the class.
+    for run in 0..3 {
+        let (code, failures) = self::run(
+            file,
+            "close-skips-shutdown-while-receiving",
+            &format!("skip-shutdown-{run}"),
+        );
+        assert_eq!(code, 1, "run {run} passed");
+        assert!(
+            failures
+                .iter()
+                .any(|f| f.contains("`callers_not_woken_by_close` on rank 0")
+                    || f.contains("`closes_waiting_for_peer` on rank 0")),
+            "{failures:#?}"
+        );
+    }
+    let (code, failures) = run(file, "none", "close-ok");
+    assert_eq!(code, 0, "{failures:#?}");
+}

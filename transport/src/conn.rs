@@ -246,9 +246,11 @@ impl Connection {
                 if let Ok(frame) = self.frames.try_recv() {
                     return Ok(self.dequeued(frame));
                 }
-                if let Ok(mut reading) = self.reading.try_lock() {
-                    return self.read_own_frame(&mut reading, deadline, timeout);
+                if self.terminal.get().is_some() {
+                    return Err(self.ended());
                 }
+                let mut reading = lock(&self.reading);
+                return self.read_own_frame(&mut reading, deadline, timeout);
             }
             // The read side first: the receiver queues only while it holds it, so whatever it
             // queued before letting go is in the queue below. The end next: a frame queued
@@ -840,6 +842,10 @@ impl ReceiverThread {
                 // Cannot happen: the socket has no read timeout.
                 Next::TimedOut => continue,
             };
+            #[cfg(feature = "bug-injection")]
+            if crate::injected::is(crate::injected::Bug::QueueAfterReadSide) {
+                drop(reading);
+            }
             // Queued while the read side is held, so a caller finds it before reading on.
             select! {
                 send(self.frames, frame) -> sent => if sent.is_err() {

@@ -28,9 +28,13 @@ pub(crate) enum Bug {
     /// MSCCL++'s exact reads: a short read on the large-payload (direct) path is taken as the
     /// whole rest of the frame.
     ShortDirectRead,
-    /// The read path's hand-over: `recv` looks at the receiver's queue before it takes the read
-    /// side, and not again after, so it can read a later frame while an earlier one is queued.
+    /// The read path's hand-over: `recv` looks at the receiver's queue, then waits for the read
+    /// side, and does not look again once it has it, so it can read a later frame while the
+    /// receiver, which held the read side meanwhile, has queued an earlier one.
     QueueBeforeReadSide,
+    /// The receiver thread lets go of the read side before it queues the frame it read: a
+    /// caller that takes the read side in between reads the next frame before it.
+    QueueAfterReadSide,
     /// A `recv` whose deadline passes in the middle of a frame throws away what it had read of
     /// it: the next read starts inside the frame.
     TimeoutDropsPartialFrame,
@@ -68,6 +72,7 @@ fn from_env() -> Option<Bug> {
         "short-direct-read" => Some(Bug::ShortDirectRead),
         "lock-across-join" => Some(Bug::LockAcrossJoin),
         "queue-before-read-side" => Some(Bug::QueueBeforeReadSide),
+        "queue-after-read-side" => Some(Bug::QueueAfterReadSide),
         "timeout-drops-partial-frame" => Some(Bug::TimeoutDropsPartialFrame),
         "caller-end-unpublished" => Some(Bug::CallerEndUnpublished),
         "close-skips-shutdown-while-receiving" => Some(Bug::CloseSkipsShutdownWhileReceiving),

@@ -11,14 +11,26 @@ use common::{conn_and_raw_peer, conn_pair, unread_bytes, wait_blocked_in_recv, G
 use transport::frame::{Frame, Kind};
 use transport::Error;
 
-/// Voluntary context switches of one of this process's threads so far.
+/// Voluntary context switches of one of this process's threads so far. The thread must be
+/// alive: a receiver that is gone has ended its connection, which is a failure of its own.
 fn switches(tid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
+        .unwrap_or_else(|e| panic!("thread {tid} is gone ({e}): the receiver exited"));
     status
         .lines()
         .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no voluntary_ctxt_switches in thread {tid}'s status"))
+}
+
+/// The receiver's kernel thread id, once it has started (it is 0 until the thread has run).
+fn started_receiver(conn: &transport::Connection) -> i32 {
+    let until = Instant::now() + GENEROUS;
+    while conn.receiver_tid() == 0 {
+        assert!(Instant::now() < until, "the receiver thread never started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    conn.receiver_tid()
 }
 
 #[test]
@@ -36,7 +48,7 @@ fn while_the_application_receives_the_receiver_thread_does_not_wake_per_message(
         a.send(b"x", GENEROUS).unwrap();
         a.recv(GENEROUS).unwrap();
     }
-    let tid = a.receiver_tid();
+    let tid = started_receiver(&a);
     let before = switches(tid);
     let started = Instant::now();
     let messages = 3000u64;

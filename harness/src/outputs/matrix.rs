@@ -44,10 +44,18 @@ pub const CLASSES: &[(&[&str], &str)] = &[
     ),
     (&["death", "exits", "kill"], "peer death"),
     (&["freeze", "stall"], "peer freeze"),
-    (&["teardown", "shutdown"], "teardown"),
+    (&["teardown", "shutdown", "close-during"], "teardown"),
     (&["lazy-connect", "listener", "connect"], "connect"),
     (
-        &["eof", "exact-reads", "receiver-error", "truncation"],
+        &[
+            "eof",
+            "exact-reads",
+            "receiver-error",
+            "truncation",
+            "handover",
+            "mid-frame",
+            "sees-end",
+        ],
         "framing",
     ),
     (
@@ -228,6 +236,14 @@ mod tests {
             cell("tcp-exact-reads"),
             Some(("wringer-tcp".into(), "framing"))
         );
+        for (name, class) in [
+            ("tcp-handover-order", "framing"),
+            ("tcp-xhost-mid-frame-deadlines", "framing"),
+            ("tcp-caller-sees-end", "framing"),
+            ("tcp-xhost-close-during-recv", "teardown"),
+        ] {
+            assert_eq!(cell(name), Some(("wringer-tcp".into(), class)), "{name}");
+        }
         assert_eq!(cell("mine-something"), None);
     }
 

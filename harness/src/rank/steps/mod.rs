@@ -7,8 +7,8 @@ mod external;
 pub use external::wall_us;
 mod gpu_support;
 mod raw_peer;
-mod scripted_peer;
 pub mod rdma_support;
+mod scripted_peer;
 mod support;
 mod template;
 

@@ -83,7 +83,10 @@ impl Command {
             Command::Ignore => (0, vec![]),
             Command::Load { tag, lens } => (1, [*tag].into_iter().chain(lens.clone()).collect()),
             Command::WriteTo(offset) => (2, vec![*offset]),
-            Command::End(end) => (3, vec![End::ALL.iter().position(|e| e == end).unwrap() as u64]),
+            Command::End(end) => (
+                3,
+                vec![End::ALL.iter().position(|e| e == end).unwrap() as u64],
+            ),
             Command::Stop => (4, vec![]),
         };
         let mut out = vec![op];
@@ -274,6 +277,7 @@ enum Obeyed {
 
 fn obey(seed: u64, mut stream: TcpStream, idle: Duration) -> Result<Obeyed> {
     stream.set_read_timeout(Some(idle))?;
+    stream.set_write_timeout(Some(idle))?;
     let mut reader = FrameReader::new(1 << 20);
     let never = AtomicBool::new(false);
     let mut bytes = vec![];

@@ -70,7 +70,7 @@ impl Seeded {
         Seeded(seed ^ tag.wrapping_mul(0xd1b5_4a32_d192_ed03))
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -83,7 +83,7 @@ impl Seeded {
         if hi <= lo {
             return lo;
         }
-        lo + self.next() % (hi - lo)
+        lo + self.next_u64() % (hi - lo)
     }
 }
 
