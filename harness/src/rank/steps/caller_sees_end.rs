@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use transport::{Error, Reader, Terminal};
 
-use super::scripted_peer::{accept, ignored_payload, serve, stop_peer, Driver, End, Script};
+use super::scripted_peer::{accept, ignored_payload, pair, stop_peer, Driver, End, Script};
 use super::{in_range, StepKind};
 use crate::hosts::procfs::wait_until;
 use crate::model::duration::Dur;
@@ -70,12 +70,7 @@ impl StepSpec for CallerSeesEnd {
 
 impl StepKind for CallerSeesEnd {
     fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
-        let deadline = Instant::now() + self.deadline.0;
-        match ctx.rank {
-            0 => self.read(ctx, deadline, report),
-            1 => serve(ctx, PATIENCE, deadline),
-            _ => Ok(()),
-        }
+        pair(ctx, self.deadline.0, PATIENCE, |deadline| self.read(ctx, deadline, report))
     }
 }
 

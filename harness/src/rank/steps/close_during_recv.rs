@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use transport::{Connection, Error};
 
-use super::scripted_peer::{accept, serve, stop_peer, Driver, Script};
+use super::scripted_peer::{accept, pair, stop_peer, Driver, Script};
 use super::{fd_is_closed, in_range, percentile, settle, Seeded, StepKind};
 use crate::hosts::procfs::{gettid, open_fds, thread_sleeps_in, threads, wait_until, POLL_CALLS};
 use crate::model::duration::Dur;
@@ -73,12 +73,7 @@ impl StepSpec for CloseDuringRecv {
 
 impl StepKind for CloseDuringRecv {
     fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
-        let deadline = Instant::now() + self.deadline.0;
-        match ctx.rank {
-            0 => self.close_cycles(ctx, deadline, report),
-            1 => serve(ctx, PEER_PATIENCE, deadline),
-            _ => Ok(()),
-        }
+        pair(ctx, self.deadline.0, PEER_PATIENCE, |deadline| self.close_cycles(ctx, deadline, report))
     }
 }
 

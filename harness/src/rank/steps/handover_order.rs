@@ -16,7 +16,7 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use transport::{Connection, Error};
 
-use super::scripted_peer::{accept, serve, stop_peer, Driver, Script};
+use super::scripted_peer::{accept, pair, stop_peer, Driver, Script};
 use super::{in_range, Seeded, StepKind};
 use crate::hosts::procfs::wait_until;
 use crate::model::duration::Dur;
@@ -74,12 +74,7 @@ impl StepSpec for HandoverOrder {
 
 impl StepKind for HandoverOrder {
     fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
-        let deadline = Instant::now() + self.deadline.0;
-        match ctx.rank {
-            0 => Reader::new(self, ctx, deadline)?.run(report),
-            1 => serve(ctx, PATIENCE, deadline),
-            _ => Ok(()),
-        }
+        pair(ctx, self.deadline.0, PATIENCE, |deadline| Reader::new(self, ctx, deadline)?.run(report))
     }
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use transport::frame::HEADER_LEN;
 use transport::Error;
 
-use super::scripted_peer::{accept, serve, stop_peer, Driver, Script};
+use super::scripted_peer::{accept, pair, stop_peer, Driver, Script};
 use super::{in_range, Seeded, StepKind};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
@@ -74,12 +74,7 @@ impl StepSpec for MidFrameDeadlines {
 
 impl StepKind for MidFrameDeadlines {
     fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
-        let deadline = Instant::now() + self.deadline.0;
-        match ctx.rank {
-            0 => self.read(ctx, deadline, report),
-            1 => serve(ctx, PATIENCE, deadline),
-            _ => Ok(()),
-        }
+        pair(ctx, self.deadline.0, PATIENCE, |deadline| self.read(ctx, deadline, report))
     }
 }
 

@@ -252,10 +252,27 @@ pub(super) fn stop_peer(ctx: &Ctx, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
+/// Run a step between a reader and a scripted peer: rank 0 runs `read` (given the step's
+/// deadline as an instant), rank 1 serves as the peer, closing a connection that stays idle for
+/// `peer_patience`, and any other rank sits the step out.
+pub(super) fn pair(
+    ctx: &Ctx,
+    step_deadline: Duration,
+    peer_patience: Duration,
+    read: impl FnOnce(Instant) -> Result<()>,
+) -> Result<()> {
+    let deadline = Instant::now() + step_deadline;
+    match ctx.rank {
+        0 => read(deadline),
+        1 => serve(ctx, peer_patience, deadline),
+        _ => Ok(()),
+    }
+}
+
 /// Rank 1: connect to rank 0's raw listener and obey each connection's commands until told to
 /// stop. A connection whose commands stop coming for `idle` is closed by us (the test then
 /// waited for its peer: evidence for rank 0, never a hang), and the next one begins.
-pub(super) fn serve(ctx: &Ctx, idle: Duration, deadline: Instant) -> Result<()> {
+fn serve(ctx: &Ctx, idle: Duration, deadline: Instant) -> Result<()> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
