@@ -5,9 +5,9 @@
 //! Invariants, per process:
 //! - close while in use: an fd is closed while another thread is inside a syscall on it;
 //! - close before the receiver is done: an fd is closed while a thread that received on it, or
-//!   waited in `poll` for it alone, (since it was created) has not exited, unless that thread's
-//!   last such call returned after the process shut the fd down (it has seen the end: a caller
-//!   of a transport that reads its own frames, which goes on living);
+//!   waited in `poll` for it alone, (since it was created) has not exited. A process that
+//!   names its receiver threads (wringer's transport: `wringer-rx-FD`) has said which they are:
+//!   there only those count, since its other threads read their own frames and live on;
 //! - use after close: a thread that used an fd before its close uses the number again after
 //!   it (EBADF, or someone else's reused descriptor), or any call on it fails with EBADF;
 //! - leaks (`leaks`): fds and threads created during a step and still open or alive at its end;
@@ -25,7 +25,10 @@ use crate::model::scenario::{AuditCheck, Perturb};
 /// the like, which a program's start-up makes by the thousand (under TCG each stop costs a
 /// millisecond).
 const TRACED: &str = "%network,%process,read,readv,pread64,write,writev,pwrite64,close,\
-fcntl,ioctl,epoll_ctl,epoll_wait,epoll_pwait,poll,ppoll,sendfile,splice";
+fcntl,ioctl,epoll_ctl,epoll_wait,epoll_pwait,poll,ppoll,sendfile,splice,prctl";
+
+/// The name wringer's transport gives a connection's receiver thread, before its fd.
+const RECEIVER_NAME: &str = "wringer-rx-";
 
 /// Every syscall whose result is one new descriptor. A creator the audit missed would make
 /// the next use of a reused number look like a use after close (Gloo's `epoll_create` did).
@@ -237,6 +240,12 @@ fn result_of(s: &str) -> &str {
         .unwrap_or("")
 }
 
+/// The fd whose receiver a thread names itself for (`prctl(PR_SET_NAME, "wringer-rx-7")`).
+fn named_receiver(args: &str) -> Option<i32> {
+    let name = args.strip_prefix("PR_SET_NAME, \"")?.split('"').next()?;
+    name.strip_prefix(RECEIVER_NAME)?.parse().ok()
+}
+
 /// The fd a syscall acts on, when its first argument is one.
 fn fd_arg(name: &str, args: &str) -> Option<i32> {
     if matches!(name, "poll" | "ppoll") {
@@ -348,8 +357,6 @@ struct Fd {
     closed_at: Option<usize>,
     /// Where it was created, when that was inside the running step (for `leaks`).
     created: Option<usize>,
-    /// Where this process shut it down, if it did.
-    shut_down_at: Option<usize>,
 }
 
 #[derive(Default)]
@@ -358,9 +365,10 @@ struct Thread {
     created: Option<usize>,
     /// The fd this thread receives on: set by a receive (or a `poll` on that fd alone), kept
     /// while its calls stay on that fd, dropped by any other call (the thread has moved on, as
-    /// a handshake thread does once it hands a socket over), by a receive that returns after
-    /// the fd's shutdown (it has seen the end), or by its exit.
+    /// a handshake thread does once it hands a socket over) or by its exit.
     receiving: Option<i32>,
+    /// The fd whose receiver this thread is by its name (`wringer-rx-FD`).
+    named_receiver_of: Option<i32>,
 }
 
 /// Per-process state while reading a trace.
@@ -368,6 +376,8 @@ struct Thread {
 struct Process {
     fds: BTreeMap<i32, Fd>,
     threads: BTreeMap<u32, Thread>,
+    /// It names its receiver threads: only they must exit before their fd's close.
+    names_receivers: bool,
 }
 
 /// A call in progress on a thread.
@@ -525,6 +535,11 @@ impl Audit<'_> {
         if th.receiving.is_some() && th.receiving != fd {
             th.receiving = None;
         }
+        if name == "exit" {
+            // It runs no more code of its own: its join may return before strace reports
+            // the exit.
+            th.named_receiver_of = None;
+        }
         let Some(fd) = fd else { return };
         if receives(name) || matches!(name, "poll" | "ppoll") {
             th.receiving = Some(fd);
@@ -572,10 +587,18 @@ impl Audit<'_> {
                     &[at],
                 );
             }
-            let receivers: Vec<u32> = self.procs[&pid]
+            let p = &self.procs[&pid];
+            let receivers: Vec<u32> = p
                 .threads
                 .iter()
-                .filter(|(t, th)| **t != tid && th.receiving == Some(fd))
+                .filter(|(t, th)| {
+                    **t != tid
+                        && if p.names_receivers {
+                            th.named_receiver_of == Some(fd)
+                        } else {
+                            th.receiving == Some(fd)
+                        }
+                })
                 .map(|(t, _)| *t)
                 .collect();
             for r in receivers {
@@ -601,6 +624,12 @@ impl Audit<'_> {
     /// What a finished call leaves behind: new fds, new threads, EBADF, step markers.
     fn effects(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
         let in_step = self.step.contains_key(&pid).then_some(i);
+        if let Some(fd) = (name == "prctl").then(|| named_receiver(args)).flatten() {
+            let p = self.procs.entry(pid).or_default();
+            p.names_receivers = true;
+            p.threads.entry(tid).or_default().named_receiver_of = Some(fd);
+            return;
+        }
         if let Some((child, thread)) = cloned_thread(name, args, ret) {
             if thread {
                 self.tgid.insert(child, pid);
@@ -633,9 +662,6 @@ impl Audit<'_> {
             );
         }
         let fd = fd_arg(name, args);
-        if let Some(fd) = fd {
-            self.saw_the_end(pid, tid, name, ret, fd, i);
-        }
         if let (Some(fd), true) = (
             fd,
             ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle),
@@ -660,23 +686,6 @@ impl Audit<'_> {
         }
         if matches!(name, "write" | "sendto") {
             self.marker(pid, args, i);
-        }
-    }
-
-    /// Note a shutdown of `fd`, and a receive or wait on it that returned after one: that
-    /// thread has seen the end, and is no longer the fd's receiver.
-    fn saw_the_end(&mut self, pid: u32, tid: u32, name: &str, ret: &str, fd: i32, i: usize) {
-        let p = self.procs.entry(pid).or_default();
-        let f = p.fds.entry(fd).or_default();
-        if name == "shutdown" && ret.starts_with('0') {
-            f.shut_down_at = Some(i);
-        } else if (receives(name) || matches!(name, "poll" | "ppoll"))
-            && f.shut_down_at.is_some_and(|at| at < i)
-        {
-            let th = p.threads.entry(tid).or_default();
-            if th.receiving == Some(fd) {
-                th.receiving = None;
-            }
         }
     }
 
@@ -781,13 +790,12 @@ mod tests {
 
     #[test]
     fn closing_before_the_receiver_exits_is_flagged() {
-        // The receiver is between two receives when the fd is shut down and closed: its next
-        // receive would find the number closed, or someone else's.
         let t = "\
 100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
 100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
-101 1.002 recvfrom(7, \"abc\", 65536, 0, NULL, NULL) = 3
+101 1.002 recvfrom(7,  <unfinished ...>
 100 1.003 shutdown(7, SHUT_RDWR) = 0
+101 1.004 <... recvfrom resumed>\"\", 65536, 0, NULL, NULL) = 0
 100 1.005 close(7)                = 0
 101 1.006 exit(0)                 = ?
 ";
@@ -799,7 +807,7 @@ mod tests {
         assert!(v[0]
             .context
             .iter()
-            .any(|(n, l)| *n == 5 && l.contains("close(7)")));
+            .any(|(n, l)| *n == 6 && l.contains("close(7)")));
     }
 
     /// A receiver closes its own descriptor; the close's return reaches the trace only after
@@ -903,38 +911,53 @@ mod tests {
     }
 
     #[test]
-    fn a_receiver_that_has_seen_the_end_after_the_shutdown_is_done_with_the_fd() {
-        // A caller of a transport that reads its own frames: woken by the shutdown, it sees
-        // the end and returns; the last owner closes the fd while that thread lives on.
+    fn where_receivers_are_named_a_caller_that_saw_the_end_need_not_exit_first() {
+        // wringer's transport: a caller of recv, woken by close's shutdown, reads the end and
+        // lives on; the named receiver exits, and only then is the fd closed.
         let t = "\
 100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
 100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
-101 1.002 poll([{fd=7, events=POLLIN}], 1, 4000 <unfinished ...>
-100 1.003 shutdown(7, SHUT_RDWR) = 0
-101 1.004 <... poll resumed>)     = 1 ([{fd=7, revents=POLLIN|POLLHUP}])
-101 1.005 recvfrom(7, \"\", 8192, MSG_DONTWAIT, NULL, NULL) = 0
-100 1.006 close(7)                = 0
-101 1.007 exit(0)                 = ?
+101 1.002 prctl(PR_SET_NAME, \"wringer-rx-7\") = 0
+100 1.003 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[102]}, 88) = 102
+101 1.004 poll([{fd=7, events=POLLIN}], 1, -1 <unfinished ...>
+102 1.005 poll([{fd=7, events=POLLIN}], 1, 4000 <unfinished ...>
+100 1.006 shutdown(7, SHUT_RDWR) = 0
+101 1.007 <... poll resumed>)     = 1 ([{fd=7, revents=POLLIN|POLLHUP}])
+102 1.008 <... poll resumed>)     = 1 ([{fd=7, revents=POLLIN|POLLHUP}])
+102 1.009 recvfrom(7, \"\", 8192, MSG_DONTWAIT, NULL, NULL) = 0
+101 1.010 exit(0 <unfinished ...>
+101 1.010 <... exit resumed>)     = ?
+100 1.011 close(7)                = 0
+101 1.011 +++ exited with 0 +++
+102 1.012 exit(0)                 = ?
 ";
-        assert!(
-            analyse(t, LIFECYCLE).is_empty(),
-            "{:?}",
-            analyse(t, LIFECYCLE)
+        let v = analyse(t, LIFECYCLE);
+        assert!(v.is_empty(), "{v:?}");
+        // The same, but the fd closed before the named receiver exits: flagged.
+        let early = t.replace(
+            "101 1.010 exit(0 <unfinished ...>\n101 1.010 <... exit resumed>)     = ?\n100 1.011 close(7)                = 0\n",
+            "100 1.011 close(7)                = 0\n101 1.010 exit(0 <unfinished ...>\n101 1.010 <... exit resumed>)     = ?\n",
         );
-        // Still inside its wait when the fd is closed: in use, and not done.
+        let v = analyse(&early, LIFECYCLE);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].check, "close before the receiver is done");
+        assert!(v[0].detail.contains("thread 101"), "{v:?}");
+    }
+
+    #[test]
+    fn a_thread_waiting_in_poll_for_one_fd_is_its_receiver() {
         let t = "\
 100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7
 100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
 101 1.002 poll([{fd=7, events=POLLIN}], 1, -1 <unfinished ...>
 100 1.003 shutdown(7, SHUT_RDWR) = 0
-100 1.004 close(7)                = 0
-101 1.005 <... poll resumed>)     = 1 ([{fd=7, revents=POLLNVAL}])
+101 1.004 <... poll resumed>)     = 1 ([{fd=7, revents=POLLIN|POLLHUP}])
+100 1.005 close(7)                = 0
+101 1.006 exit(0)                 = ?
 ";
-        let checks: Vec<&str> = analyse(t, LIFECYCLE).iter().map(|v| v.check).collect();
-        assert_eq!(
-            checks,
-            ["close while in use", "close before the receiver is done"]
-        );
+        let v = analyse(t, LIFECYCLE);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].check, "close before the receiver is done");
     }
 
     #[test]
