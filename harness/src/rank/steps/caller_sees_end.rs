@@ -243,3 +243,49 @@ fn judge(
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transport::ReceiverError;
+
+    fn reset() -> ReceiverError {
+        ReceiverError::Io {
+            kind: std::io::ErrorKind::ConnectionReset,
+            errno: Some(104),
+            message: "reset".into(),
+        }
+    }
+
+    fn saw(at: Instant, send: transport::Result<()>) -> Seen {
+        Seen {
+            recv: Some((Error::Receiver(reset()), at)),
+            send: Some(send),
+            flush: Some(Err(Error::Receiver(reset()))),
+        }
+    }
+
+    #[test]
+    fn an_end_reported_alike_by_every_reader_in_time_passes() {
+        let t = Instant::now();
+        let seen = [saw(t, Err(Error::Receiver(reset()))), saw(t + Duration::from_millis(5), Err(Error::Receiver(reset())))];
+        let v = judge(End::Reset, &seen, Some(&Terminal::Failed(reset())), Some(Reader::Caller), Duration::from_millis(100));
+        assert!(v.misreported.is_empty(), "{:?}", v.misreported);
+        assert!(!v.late && !v.found_by_receiver);
+        assert!((v.spread_ms - 5.0).abs() < 0.5);
+    }
+
+    #[test]
+    fn a_send_that_succeeds_a_clean_close_or_a_late_caller_is_caught() {
+        let t = Instant::now();
+        let seen = [saw(t, Ok(())), saw(t + Duration::from_millis(300), Err(Error::Receiver(reset())))];
+        let v = judge(End::Reset, &seen, Some(&Terminal::PeerClosed), Some(Reader::Receiver), Duration::from_millis(100));
+        assert_eq!(v.misreported.len(), 2, "{:?}", v.misreported);
+        assert!(v.misreported[0].contains("send succeeded after the end"));
+        assert!(v.misreported[1].contains("published end is Some(PeerClosed)"));
+        assert!(v.late && v.found_by_receiver);
+        let none = [Seen { recv: None, send: None, flush: None }];
+        let v = judge(End::Garbage, &none, None, None, Duration::from_millis(100));
+        assert!(v.misreported[0].contains("never reported the end"), "{:?}", v.misreported);
+    }
+}

@@ -338,3 +338,82 @@ fn obey(seed: u64, mut stream: TcpStream, idle: Duration) -> Result<Obeyed> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_survive_their_encoding_and_strangers_are_ignored() {
+        for c in [
+            Command::Load {
+                tag: 7,
+                lens: vec![1, 2, 300_000],
+            },
+            Command::WriteTo(12_345),
+            Command::End(End::Reset),
+            Command::End(End::Truncate),
+            Command::End(End::Garbage),
+            Command::Stop,
+            Command::Ignore,
+        ] {
+            assert_eq!(Command::decode(&c.encode()), c);
+        }
+        assert_eq!(Command::decode(b""), Command::Ignore);
+        assert_eq!(
+            Command::decode(&[3, 9, 0, 0, 0, 0, 0, 0, 0]),
+            Command::Ignore
+        );
+        assert_eq!(Command::decode(&[2, 1, 2]), Command::Ignore);
+    }
+
+    #[test]
+    fn a_script_knows_where_each_frame_lies_and_what_it_holds() {
+        let s = Script::new(5, 100, vec![10, 0, 3]);
+        let bytes = s.bytes();
+        assert_eq!(s.start(0), 0);
+        assert_eq!(s.end(0), (HEADER_LEN + 10) as u64);
+        assert_eq!(s.start(2), s.end(1));
+        assert_eq!(s.end(2) as usize, bytes.len());
+        let mut reader = FrameReader::new(1 << 20);
+        let never = AtomicBool::new(false);
+        let mut src = &bytes[..];
+        for i in 0..3 {
+            let Ok(ReadOutcome::Frame(f)) = reader.read_frame(&mut src, &never) else {
+                panic!("frame {i} does not decode");
+            };
+            assert!(s.is_frame(i, &f));
+            assert_eq!(s.index_of(&f), Some(i));
+            assert!(!s.is_frame((i + 1) % 3, &f));
+        }
+        let other = Script::new(6, 100, vec![10]);
+        let mut src = &other.bytes()[..];
+        let Ok(ReadOutcome::Frame(f)) = reader.read_frame(&mut src, &never) else {
+            panic!("no frame");
+        };
+        assert_eq!(s.index_of(&f), None, "another seed's bytes are not frame 0");
+    }
+
+    #[test]
+    fn an_end_is_reported_only_by_its_own_kind() {
+        let reset = Error::Receiver(ReceiverError::Io {
+            kind: std::io::ErrorKind::ConnectionReset,
+            errno: Some(104),
+            message: "reset".into(),
+        });
+        let cut = Error::Receiver(ReceiverError::Truncated {
+            section: transport::frame::Section::Payload,
+            expected: TRUNCATED_PAYLOAD,
+            got: TRUNCATED_GOT,
+        });
+        assert!(End::Reset.is_reported_by(&reset));
+        assert!(
+            !End::Reset.is_reported_by(&Error::PeerClosed),
+            "a clean close"
+        );
+        assert!(!End::Reset.is_reported_by(&cut));
+        assert!(End::Truncate.is_reported_by(&cut));
+        assert!(!End::Truncate.is_reported_by(&Error::Closed));
+        assert!(!End::Garbage.is_reported_by(&reset));
+    }
+}
