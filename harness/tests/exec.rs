@@ -448,3 +448,22 @@ fn a_role_that_never_becomes_ready_is_the_reason_and_says_what_it_waited_for() {
     assert!(started.elapsed() < std::time::Duration::from_secs(15));
     assert!(left_behind("never-ready").is_empty());
 }
+
+#[test]
+fn the_programs_of_a_step_start_together_whatever_came_before() {
+    let (out, r) = run("start-together", &[&fixture("start-together.yaml")]);
+    let s = &r["scenarios"][0];
+    assert_eq!(out.status.code(), Some(0), "{s:#}");
+    let started: Vec<i64> = (0..2)
+        .map(|rank| {
+            let log = rank_log(&r, rank);
+            log.lines()
+                .find_map(|l| l.split("out] started_at_ms=").nth(1)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("rank {rank} printed no start: {log}"))
+        })
+        .collect();
+    // Rank 1 sat out the 2 s step: without a start together it would start 2 s early.
+    let apart = (started[0] - started[1]).abs();
+    assert!(apart < 1000, "the programs started {apart} ms apart");
+    assert!(left_behind("start-together").is_empty());
+}

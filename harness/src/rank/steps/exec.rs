@@ -559,6 +559,12 @@ impl StepKind for Exec {
         let left = || end.saturating_duration_since(Instant::now());
         let dir = ctx.run_dir.join(format!("step-{step}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // The step's programs start together: a rank that sat out the steps before would
+        // otherwise start its program while its peers still run theirs, and a program that
+        // waits for its group with a timeout (a torch or Gloo store) would give up on them.
+        ctx.control
+            .barrier_among(&format!("step-{step}-exec-start"), &self.all_ranks(), left())
+            .context("waiting for the step's other ranks to start")?;
         let values = values(ctx, &dir);
         for dep in &role.after {
             ctx.control
