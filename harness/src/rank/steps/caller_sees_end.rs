@@ -13,7 +13,8 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use transport::{Error, Reader, Terminal};
 
-use super::scripted_peer::{accept, ignored_payload, pair, stop_peer, Driver, End, Script};
+use super::raw_peer::accept_conn;
+use super::scripted_peer::{ignored_payload, pair, stop_peer, Driver, End, Script};
 use super::{in_range, StepKind};
 use crate::hosts::procfs::wait_until;
 use crate::model::duration::Dur;
@@ -140,7 +141,7 @@ impl CallerSeesEnd {
     }
 
     fn case(&self, ctx: &Ctx, end: End, callers: usize, tag: u64) -> Result<Verdict> {
-        let conn = accept(ctx, PATIENCE)?;
+        let conn = accept_conn(ctx, PATIENCE)?;
         let lens = vec![32; FRAMES_BEFORE as usize];
         let d = Driver::new(&conn, Script::new(ctx.seed, tag << 8, lens), PATIENCE)?;
         let seen = Mutex::new(Vec::<Seen>::new());

@@ -13,7 +13,8 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use transport::{Connection, Error};
 
-use super::scripted_peer::{accept, pair, stop_peer, Driver, Script};
+use super::raw_peer::accept_conn;
+use super::scripted_peer::{pair, stop_peer, Driver, Script};
 use super::{fd_is_closed, in_range, percentile, settle, Seeded, StepKind};
 use crate::hosts::procfs::{gettid, open_fds, thread_sleeps_in, threads, wait_until, POLL_CALLS};
 use crate::model::duration::Dur;
@@ -174,7 +175,7 @@ impl CloseDuringRecv {
 }
 
 fn cycle(ctx: &Ctx, i: u64, want_parked: bool, callers: usize) -> Result<Cycle> {
-    let conn = accept(ctx, PATIENCE)?;
+    let conn = accept_conn(ctx, PATIENCE)?;
     let d = Driver::new(&conn, Script::new(ctx.seed, i << 8, vec![16; NUDGES]), PATIENCE)?;
     let tids = Mutex::new(Vec::<i32>::new());
     let outcomes = Mutex::new(Vec::<(transport::Result<()>, Instant)>::new());

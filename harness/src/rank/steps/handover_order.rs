@@ -16,7 +16,8 @@ use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use transport::{Connection, Error};
 
-use super::scripted_peer::{accept, pair, stop_peer, Driver, Script};
+use super::raw_peer::accept_conn;
+use super::scripted_peer::{pair, stop_peer, Driver, Script};
 use super::{in_range, Seeded, StepKind};
 use crate::hosts::procfs::wait_until;
 use crate::model::duration::Dur;
@@ -138,7 +139,7 @@ impl<'a> Reader<'a> {
     }
 
     fn run(mut self, report: &mut StepReport) -> Result<()> {
-        let conn = accept(self.ctx, PATIENCE)?;
+        let conn = accept_conn(self.ctx, PATIENCE)?;
         let lens: Vec<u64> = {
             let total: u64 = self.rounds.iter().map(|(_, n)| n).sum();
             (0..total).map(|_| self.rng.range(8, 1024)).collect()

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use transport::frame::HEADER_LEN;
 use transport::Error;
 
-use super::scripted_peer::{accept, pair, stop_peer, Driver, Script};
+use super::raw_peer::accept_conn;
+use super::scripted_peer::{pair, stop_peer, Driver, Script};
 use super::{in_range, Seeded, StepKind};
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
@@ -122,7 +123,7 @@ impl MidFrameDeadlines {
 
     fn read(&self, ctx: &Ctx, deadline: Instant, report: &mut StepReport) -> Result<()> {
         let mut rng = Seeded::new(ctx.seed, 0x4d49_4446);
-        let conn = accept(ctx, PATIENCE)?;
+        let conn = accept_conn(ctx, PATIENCE)?;
         let lens = self.lens(&mut rng);
         let d = Driver::new(&conn, Script::new(ctx.seed, 0, lens), PATIENCE)?;
         let timeout = self.recv_timeout.0;

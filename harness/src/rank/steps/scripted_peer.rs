@@ -236,11 +236,6 @@ pub(super) fn ignored_payload() -> Vec<u8> {
     Command::Ignore.encode()
 }
 
-/// Rank 0: accept the peer's next connection as a transport connection.
-pub(super) fn accept(ctx: &Ctx, timeout: Duration) -> Result<Connection> {
-    accept_conn(ctx, timeout)
-}
-
 /// Rank 0: tell the peer the step is over (on a connection of its own).
 pub(super) fn stop_peer(ctx: &Ctx, timeout: Duration) -> Result<()> {
     let conn = accept_conn(ctx, timeout)?;
