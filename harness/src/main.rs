@@ -200,8 +200,8 @@ fn main() -> ExitCode {
                     .collect();
                 let verdict = match policy.decide(s) {
                     Decision::Run => "runnable".to_string(),
-                    Decision::Skip(reason) => format!("skip ({})", printable(&reason)),
-                    Decision::Fail(reason) => format!("fail ({})", printable(&reason)),
+                    Decision::Skip(reason) => format!("skip ({})", printable(&reason.to_string())),
+                    Decision::Fail(reason) => format!("fail ({})", printable(&reason.to_string())),
                 };
                 harness::say!(
                     "{:<42} ranks={:<3} requires=[{}]  {verdict}",

@@ -129,9 +129,9 @@ fn a_survivor_that_logs_the_error_but_never_exits_fails_with_stacks_and_is_ended
     let (out, r) = run("never", &[&fixture("never-exits.yaml")]);
     let s = &r["scenarios"][0];
     assert_eq!(out.status.code(), Some(1), "{s:#}");
-    let failures = strings(&s["evidence"]["failures"]).join("\n");
+    let failures = common::failures(s).join("\n");
     assert!(
-        failures.contains("rank 1 (survivor): logged the error")
+        failures.contains("[reconcile-disagreement] repeat 0: step 0, from every rank's evidence: rank 1 (survivor): logged the error")
             && failures.contains("but never exited (printed nothing for 3s"),
         "{failures}"
     );
@@ -207,8 +207,12 @@ fn the_audit_sees_what_a_broken_external_program_does_to_its_descriptors() {
         .expect("a C compiler (Debian's gcc; `just external` installs g++)");
     assert!(cc.success());
     let (out, r) = run_with_path("broken", &[&fixture("broken-audited.yaml")], Some(&dir));
-    let failures = strings(&r["scenarios"][0]["evidence"]["failures"]).join("\n");
+    let failures = common::failures(&r["scenarios"][0]).join("\n");
     assert_eq!(out.status.code(), Some(1), "{r:#}");
+    assert!(
+        failures.contains("[audit-violation] repeat 0: audit: rank "),
+        "{failures}"
+    );
     assert!(failures.contains("close while in use"), "{failures}");
     assert!(failures.contains("use after close"), "{failures}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -335,7 +339,7 @@ fn a_scenario_runs_once_per_release_and_a_departure_times_the_survivors() {
     // The slow release breaks the bound: a failure of that release alone.
     let slow_run = by_name("torch-2.0.0-fixture-release");
     assert_eq!(slow_run["verdict"], "fail", "{slow_run:#}");
-    assert!(strings(&slow_run["evidence"]["failures"])
+    assert!(common::failures(&slow_run)
         .iter()
         .any(|f| f.contains("noticed the fault after")));
     assert_eq!(out.status.code(), Some(1));

@@ -468,7 +468,7 @@ fn values_run_would_stumble_on_are_refused_by_validate() {
         );
     }
     // A known failure for every scenario, unless it says so.
-    let every = "name: p\ndescription: d\nkind: local\nknown_failures:\n  - { scenario: \"*\", reason: r }\n";
+    let every = "name: p\ndescription: d\nkind: local\nknown_failures:\n  - { scenario: \"*\", kind: bound, reason: r }\n";
     let (code, err) = validate_at("every", "hosts/p.yaml", every);
     assert_eq!(code, 2, "{err}");
     assert!(

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::profile::HostProfile;
-use crate::model::requirement::{Requirement, SkipReason};
+use crate::model::requirement::{Requirement, SkipCode, SkipReason};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RdmaPort {
@@ -120,7 +120,7 @@ impl HostFacts {
         match req {
             Requirement::Rdma => {
                 if let Some(why) = &self.rdma_absent {
-                    return skip("no-rdma-device", why.clone());
+                    return skip(SkipCode::NoRdmaDevice, why.clone());
                 }
                 let active = self
                     .rdma_devices
@@ -129,7 +129,7 @@ impl HostFacts {
                 if !active {
                     let names: Vec<_> = self.rdma_devices.iter().map(|d| d.name.as_str()).collect();
                     return skip(
-                        "rdma-port-down",
+                        SkipCode::RdmaPortDown,
                         format!("no ACTIVE port on {}", names.join(", ")),
                     );
                 }
@@ -140,14 +140,14 @@ impl HostFacts {
                     Ok(())
                 } else if self.amd_kfd {
                     skip(
-                        "rocm-unsupported",
+                        SkipCode::RocmUnsupported,
                         "an AMD GPU (/dev/kfd) is present but wringer moves GPU memory through \
                          CUDA only; ROCm (HIP) is not supported yet"
                             .into(),
                     )
                 } else {
                     skip(
-                        "no-gpu",
+                        SkipCode::NoGpu,
                         self.gpu_absent
                             .clone()
                             .unwrap_or_else(|| "no NVIDIA GPU".into()),
@@ -155,7 +155,7 @@ impl HostFacts {
                 }
             }
             Requirement::Xhost if profile.hosts() < 2 => skip(
-                "single-host-profile",
+                SkipCode::SingleHostProfile,
                 format!(
                     "host profile `{}` has {} host; cross-host scenarios need two",
                     profile.name,
@@ -163,21 +163,22 @@ impl HostFacts {
                 ),
             ),
             Requirement::Xhost => Ok(()),
-            Requirement::Root if !self.root => {
-                skip("not-root", "needs root (CAP_NET_ADMIN and friends)".into())
-            }
+            Requirement::Root if !self.root => skip(
+                SkipCode::NotRoot,
+                "needs root (CAP_NET_ADMIN and friends)".into(),
+            ),
             Requirement::Root => Ok(()),
             Requirement::Netns if !(self.netns && self.root) => skip(
-                "no-netns",
+                SkipCode::NoNetns,
                 "network namespaces need root and iproute2's `ip`".into(),
             ),
             Requirement::Netns => Ok(()),
             Requirement::Docker if !self.docker => {
-                skip("no-docker", "/var/run/docker.sock is absent".into())
+                skip(SkipCode::NoDocker, "/var/run/docker.sock is absent".into())
             }
             Requirement::Docker => Ok(()),
             Requirement::Vm if !self.vm => skip(
-                "no-vm",
+                SkipCode::NoVm,
                 "virtme-ng (`vng`) or qemu-system-x86_64 is not installed".into(),
             ),
             Requirement::Vm => Ok(()),
@@ -280,7 +281,7 @@ mod tests {
     #[test]
     fn no_gpu_skip_carries_the_drivers_reason() {
         let err = facts().check(Requirement::Gpu, &profile()).unwrap_err();
-        assert_eq!(err.code, "no-gpu");
+        assert_eq!(err.code, SkipCode::NoGpu);
         assert!(err.detail.contains("libcuda.so"), "{err}");
     }
 
@@ -291,7 +292,7 @@ mod tests {
             ..facts()
         };
         let err = f.check(Requirement::Gpu, &profile()).unwrap_err();
-        assert_eq!(err.code, "rocm-unsupported");
+        assert_eq!(err.code, SkipCode::RocmUnsupported);
         assert!(err.detail.contains("ROCm"), "{err}");
     }
 

@@ -46,25 +46,44 @@ pub struct VmOutcome {
     pub inner: PathBuf,
 }
 
-/// Boot the profile's VM(s) and run the scenarios there. `Err` is a typed `no-vm` reason: the
-/// VM could not run here at all (the caller's policy makes it a skip or a failure).
+/// Why the VM run did not happen.
+#[derive(Debug, PartialEq)]
+pub enum VmError {
+    /// The VM cannot run on this machine (nothing installed): a `no-vm` skip, or a failure
+    /// where the profile must have RDMA.
+    Unavailable(String),
+    /// It should have run and did not (a file not written, a program that failed): a harness
+    /// error, never a skip.
+    Failed(String),
+}
+
+impl From<String> for VmError {
+    fn from(why: String) -> Self {
+        VmError::Failed(why)
+    }
+}
+
+/// Boot the profile's VM(s) and run the scenarios there.
 pub fn run(
     profile: &HostProfile,
     req: &VmRun,
     interrupted: &AtomicBool,
-) -> Result<VmOutcome, String> {
+) -> Result<VmOutcome, VmError> {
     let budget = req.budget + BOOT_ALLOWANCE;
-    let vm = profile.vm.as_ref().ok_or("the profile has no `vm`")?;
+    let vm = profile
+        .vm
+        .as_ref()
+        .ok_or_else(|| VmError::Failed("the profile has no `vm`".into()))?;
     if !crate::hosts::probe::on_path("vng") || !crate::hosts::probe::on_path("qemu-system-x86_64") {
-        return Err(
-            "no-vm: virtme-ng (`vng`) or qemu is not installed: run `just setup-rxe`".into(),
-        );
+        return Err(VmError::Unavailable(
+            "virtme-ng (`vng`) or qemu is not installed: run `just setup-rxe`".into(),
+        ));
     }
     if !vm.kernel.exists() {
-        return Err(format!(
-            "no-vm: the kernel {} is missing: run `just setup-rxe`",
+        return Err(VmError::Unavailable(format!(
+            "the kernel {} is missing: run `just setup-rxe`",
             vm.kernel.display()
-        ));
+        )));
     }
     let inner = std::path::absolute(req.dir)
         .map_err(|e| e.to_string())?

@@ -1,12 +1,15 @@
-//! Known failures: scenarios a host profile expects to fail, each with its reason and a link.
-//! A matching failure is `xfail` (reported with its evidence, not failing the run); a matching
-//! pass is `xpass` (the entry is stale), which `--strict` turns into a failure.
+//! Known failures: scenarios a host profile expects to fail, each with the kind of failure it
+//! covers, its reason and a link. A failure of a listed scenario whose every failure is of a
+//! listed kind (and matches the `failure:` pattern, when there is one) is `xfail`: reported with
+//! its evidence, not failing the run. Any other failure of it still fails. A matching pass is
+//! `xpass` (the entry is stale), which `--strict` turns into a failure.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
+use super::failure::{Failed, FailureKind};
 use super::input::{located, parse_yaml, InputError};
 use super::result::{ScenarioResult, Verdict};
 
@@ -15,12 +18,16 @@ use super::result::{ScenarioResult, Verdict};
 pub struct KnownFailure {
     /// Scenario names this entry covers; `*` matches any run of characters.
     pub scenario: String,
+    /// The kinds of failure the entry covers (`kind: reconcile-disagreement`, or a list): a
+    /// failure of another kind is not this known failure.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub kind: Vec<FailureKind>,
     pub reason: String,
     #[serde(default)]
     pub link: Option<String>,
-    /// A regex that every failure of the scenario must match for the entry to cover it (the
-    /// survivors' detection over its bound, say), so a different failure of the same scenario
-    /// still fails. Without it, any failure of the scenario is covered.
+    /// A regex that every failure of the scenario must also match for the entry to cover it
+    /// (the survivors' detection over its bound, say). Without it, any failure of the listed
+    /// kinds is covered.
     #[serde(default)]
     pub failure: Option<String>,
     /// A pattern that matches every scenario (`*`) is refused unless this says it is meant;
@@ -57,17 +64,32 @@ impl KnownFailure {
         glob(&self.scenario, name)
     }
 
-    /// The failures this entry does not cover (none, for an entry without `failure:`).
-    fn uncovered<'a>(&self, failures: &'a [String]) -> Vec<&'a String> {
-        let Some(pattern) = &self.failure else {
-            return vec![];
-        };
+    /// The failures this entry does not cover: another kind, or text its pattern does not
+    /// match.
+    fn uncovered<'a>(&self, failures: &'a [Failed]) -> Vec<&'a Failed> {
         // Checked when the file was read; a pattern that does not compile covers nothing.
-        let re = regex::Regex::new(pattern).ok();
+        let re = self.failure.as_deref().map(regex::Regex::new);
         failures
             .iter()
-            .filter(|f| !re.as_ref().is_some_and(|re| re.is_match(f)))
+            .filter(|f| {
+                let text = f.failure.to_string();
+                let kind_ok = self.kind.contains(&f.failure.kind());
+                let text_ok = match &re {
+                    None => true,
+                    Some(Ok(re)) => re.is_match(&text),
+                    Some(Err(_)) => false,
+                };
+                !(kind_ok && text_ok)
+            })
             .collect()
+    }
+
+    fn covers(&self) -> String {
+        let kinds: Vec<&str> = self.kind.iter().map(|k| k.as_str()).collect();
+        match &self.failure {
+            Some(p) => format!("{} matching `{p}`", kinds.join(" or ")),
+            None => kinds.join(" or "),
+        }
     }
 
     fn why(&self) -> String {
@@ -109,9 +131,44 @@ pub fn load(path: &Path) -> Result<Vec<KnownFailure>, InputError> {
     Ok(entries.into_iter().map(|e| e.value).collect())
 }
 
+/// `kind: bound` or `kind: [bound, step-error]`.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<FailureKind>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(FailureKind),
+        Many(Vec<FailureKind>),
+    }
+    // Untagged enums hide the inner error; name the kinds a typo could have meant.
+    match OneOrMany::deserialize(d) {
+        Ok(OneOrMany::One(k)) => Ok(vec![k]),
+        Ok(OneOrMany::Many(v)) => Ok(v),
+        Err(_) => Err(serde::de::Error::custom(format!(
+            "`kind` is one of {} (or a list of them)",
+            kinds_list()
+        ))),
+    }
+}
+
+fn kinds_list() -> String {
+    FailureKind::ALL
+        .iter()
+        .filter(|k| **k != FailureKind::Recorded)
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub fn check(k: &KnownFailure) -> Result<(), String> {
     if k.scenario.trim().is_empty() {
         return Err("a known failure needs a scenario name or pattern".into());
+    }
+    if k.kind.is_empty() {
+        return Err(format!(
+            "known failure `{}` needs `kind:`, the kind of failure it covers ({}), so that the scenario failing any other way still fails",
+            k.scenario,
+            kinds_list()
+        ));
     }
     let every = k.scenario.chars().all(|c| c == '*');
     if every && !k.match_all {
@@ -140,17 +197,18 @@ pub fn apply(result: &mut ScenarioResult, known: &[KnownFailure], strict: bool) 
     };
     match result.verdict {
         Verdict::Fail => {
-            let mut failures = result.evidence.failures.clone();
-            if failures.is_empty() {
-                failures.extend(result.reason.clone());
-            }
-            let other = k.uncovered(&failures);
-            if !other.is_empty() {
+            let failures = &result.evidence.failures;
+            let other = k.uncovered(failures);
+            if failures.is_empty() || !other.is_empty() {
+                let other: Vec<String> = other
+                    .iter()
+                    .map(|f| format!("{} ({})", f, f.failure.kind()))
+                    .collect();
                 result.reason = Some(format!(
-                    "{} (a known failure is listed for this scenario, matching `{}`, but this is another: {})",
+                    "{} (a known failure is listed for this scenario, covering {}, but this is another: {})",
                     result.reason.as_deref().unwrap_or("failed"),
-                    k.failure.as_deref().unwrap_or_default(),
-                    other.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")
+                    k.covers(),
+                    if other.is_empty() { "no failure was recorded".into() } else { other.join("; ") }
                 ));
                 return;
             }
@@ -178,10 +236,12 @@ pub fn apply(result: &mut ScenarioResult, known: &[KnownFailure], strict: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::failure::Failure;
 
     fn entry(p: &str) -> KnownFailure {
         KnownFailure {
             scenario: p.into(),
+            kind: vec![FailureKind::ReconcileDisagreement],
             reason: "hangs after the server dies".into(),
             link: Some("https://example.org/issue/1".into()),
             failure: None,
@@ -200,6 +260,25 @@ mod tests {
         assert!(!entry("a*a").matches("a"));
     }
 
+    fn disagreement(detail: &str) -> Failure {
+        Failure::ReconcileDisagreement {
+            step: 0,
+            detail: detail.into(),
+        }
+    }
+
+    fn failed(failures: Vec<Failure>) -> ScenarioResult {
+        let mut r = result(Verdict::Fail);
+        r.evidence.failures = failures
+            .into_iter()
+            .map(|failure| Failed {
+                repeat: Some(0),
+                failure,
+            })
+            .collect();
+        r
+    }
+
     fn result(v: Verdict) -> ScenarioResult {
         ScenarioResult::not_run(
             "ucx-server-death",
@@ -211,7 +290,7 @@ mod tests {
 
     #[test]
     fn a_known_failure_is_xfail_and_keeps_its_evidence() {
-        let mut r = result(Verdict::Fail);
+        let mut r = failed(vec![disagreement("the client never exited")]);
         apply(&mut r, &[entry("ucx-*")], false);
         assert_eq!(r.verdict, Verdict::Xfail);
         let why = r.reason.unwrap();
@@ -232,9 +311,52 @@ mod tests {
         let mut r = result(Verdict::Skip);
         apply(&mut r, &[entry("ucx-*")], true);
         assert_eq!(r.verdict, Verdict::Skip);
-        let mut r = result(Verdict::Fail);
+        let mut r = failed(vec![disagreement("the client never exited")]);
         apply(&mut r, &[entry("gloo-*")], false);
         assert_eq!(r.verdict, Verdict::Fail);
+    }
+
+    #[test]
+    fn a_listed_scenario_failing_with_another_kind_fails() {
+        // The entry covers the client that never exits; a hang, a step error or a broken
+        // bound of the same scenario is a new failure.
+        let others = [
+            Failure::Watchdog {
+                summary: "rank 1 hung".into(),
+            },
+            Failure::StepError {
+                rank: 0,
+                step: 0,
+                error: "connection refused".into(),
+            },
+            Failure::Leftover {
+                process: "pid 9".into(),
+            },
+        ];
+        for other in others {
+            let mut r = failed(vec![disagreement("the client never exited"), other.clone()]);
+            apply(&mut r, &[entry("ucx-*")], false);
+            assert_eq!(r.verdict, Verdict::Fail, "{other}");
+            let why = r.reason.unwrap();
+            assert!(why.contains(&format!("({})", other.kind())), "{why}");
+        }
+        // A failure without recorded evidence is not taken for the known one either.
+        let mut r = result(Verdict::Fail);
+        apply(&mut r, &[entry("ucx-*")], false);
+        assert_eq!(r.verdict, Verdict::Fail);
+        // An entry may list several kinds.
+        let k = KnownFailure {
+            kind: vec![FailureKind::ReconcileDisagreement, FailureKind::Watchdog],
+            ..entry("ucx-*")
+        };
+        let mut r = failed(vec![
+            disagreement("the client never exited"),
+            Failure::Watchdog {
+                summary: "hung".into(),
+            },
+        ]);
+        apply(&mut r, &[k], false);
+        assert_eq!(r.verdict, Verdict::Xfail);
     }
 
     #[test]
@@ -244,8 +366,7 @@ mod tests {
             ..entry("ucx-server-death")
         };
         let failing = |failures: &[&str]| {
-            let mut r = result(Verdict::Fail);
-            r.evidence.failures = failures.iter().map(|s| s.to_string()).collect();
+            let mut r = failed(failures.iter().map(|s| disagreement(s)).collect());
             apply(&mut r, std::slice::from_ref(&k), false);
             r
         };
@@ -261,7 +382,7 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Fail);
         let why = r.reason.unwrap();
         assert!(
-            why.contains("but this is another: data_mismatches = 3"),
+            why.contains("but this is another: repeat 0: step 0, from every rank's evidence: data_mismatches = 3"),
             "{why}"
         );
         assert!(!why.contains("another: rank 1"), "{why}");
@@ -295,20 +416,39 @@ mod tests {
         let f = dir.join("known.yaml");
         std::fs::write(
             &f,
-            "- scenario: a\n  reason: fine\n- scenario: b\n  reason: \"\"\n",
+            "- scenario: a\n  kind: bound\n  reason: fine\n- scenario: b\n  kind: bound\n  reason: \"\"\n",
         )
         .unwrap();
         let e = load(&f).unwrap_err().to_string();
-        assert!(e.contains("known.yaml:3:"), "{e}");
+        assert!(e.contains("known.yaml:4:"), "{e}");
         assert!(e.contains("needs a reason"), "{e}");
-        std::fs::write(&f, "- scenario: a\n  reason: r\n  failure: \"(\"\n").unwrap();
+        std::fs::write(
+            &f,
+            "- scenario: a\n  kind: bound\n  reason: r\n  failure: \"(\"\n",
+        )
+        .unwrap();
         let e = load(&f).unwrap_err().to_string();
         assert!(
             e.contains("known.yaml:1:") && e.contains("bad regex"),
             "{e}"
         );
-        std::fs::write(&f, "- scenario: a\n  reasn: typo\n").unwrap();
-        assert!(load(&f).unwrap_err().to_string().contains("known.yaml:2:"));
+        std::fs::write(&f, "- scenario: a\n  kind: bound\n  reasn: typo\n").unwrap();
+        assert!(load(&f).unwrap_err().to_string().contains("known.yaml:3:"));
+        // An entry without a kind, or with a misspelt one, says which kinds there are.
+        std::fs::write(&f, "- scenario: a\n  reason: r\n").unwrap();
+        let e = load(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("known.yaml:1:")
+                && e.contains("needs `kind:`")
+                && e.contains("reconcile-disagreement"),
+            "{e}"
+        );
+        std::fs::write(&f, "- scenario: a\n  kind: bounds\n  reason: r\n").unwrap();
+        let e = load(&f).unwrap_err().to_string();
+        assert!(
+            e.contains("known.yaml:2:") && e.contains("step-error"),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,6 +2,7 @@
 //! processes, sockets or files beyond reading the scenario itself.
 
 pub mod duration;
+pub mod failure;
 pub mod input;
 pub mod known;
 pub mod metric;

@@ -17,10 +17,57 @@ pub enum Requirement {
 }
 
 /// Why a scenario was skipped: a stable code for machines and a detail for people.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkipReason {
-    pub code: &'static str,
+    pub code: SkipCode,
     pub detail: String,
+}
+
+/// The stable codes of every skip: what a host lacks for a scenario to run there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkipCode {
+    NoRdmaDevice,
+    RdmaPortDown,
+    NoGpu,
+    RocmUnsupported,
+    SingleHostProfile,
+    NotRoot,
+    NoNetns,
+    NoDocker,
+    NoVm,
+    NoStrace,
+    NoHostControl,
+    MissingProgram,
+    Precheck,
+    NoTorch,
+}
+
+impl SkipCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipCode::NoRdmaDevice => "no-rdma-device",
+            SkipCode::RdmaPortDown => "rdma-port-down",
+            SkipCode::NoGpu => "no-gpu",
+            SkipCode::RocmUnsupported => "rocm-unsupported",
+            SkipCode::SingleHostProfile => "single-host-profile",
+            SkipCode::NotRoot => "not-root",
+            SkipCode::NoNetns => "no-netns",
+            SkipCode::NoDocker => "no-docker",
+            SkipCode::NoVm => "no-vm",
+            SkipCode::NoStrace => "no-strace",
+            SkipCode::NoHostControl => "no-host-control",
+            SkipCode::MissingProgram => "missing-program",
+            SkipCode::Precheck => "precheck",
+            SkipCode::NoTorch => "no-torch",
+        }
+    }
+}
+
+impl fmt::Display for SkipCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl fmt::Display for SkipReason {

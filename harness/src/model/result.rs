@@ -6,11 +6,16 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::failure::{Failed, Failure};
 use super::metric::{Metric, SampleKey};
+use super::requirement::SkipReason;
 
-/// The schema of `results.json`. 2: latency is keyed by series and size (`latency/4096`);
-/// before it (no `schema` field) by size alone, which still reads as the `latency` series.
-pub const SCHEMA: u32 = 2;
+/// The schema of `results.json`. 3: failures are typed ([`Failed`]) and a skip carries its
+/// code ([`SkipReason`]); 2 and before recorded both as text, which still reads (as
+/// [`Failure::Recorded`](super::failure::Failure::Recorded) and the reason alone). 2: latency
+/// is keyed by series and size (`latency/4096`); before it (no `schema` field) by size alone,
+/// which still reads as the `latency` series.
+pub const SCHEMA: u32 = 3;
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[serde(rename_all = "lowercase")]
@@ -73,7 +78,7 @@ pub struct Stacks {
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Evidence {
-    pub failures: Vec<String>,
+    pub failures: Vec<Failed>,
     pub notes: Vec<String>,
     pub faults: Vec<String>,
     pub stacks: Vec<Stacks>,
@@ -87,6 +92,9 @@ pub struct ScenarioResult {
     pub file: PathBuf,
     pub verdict: Verdict,
     pub reason: Option<String>,
+    /// Why it was skipped, for a skip (and for a skip that `--strict` turned into a failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip: Option<SkipReason>,
     pub duration_s: f64,
     pub repeats: u32,
     pub repeats_failed: u32,
@@ -104,6 +112,7 @@ impl ScenarioResult {
             file: file.to_owned(),
             verdict,
             reason: Some(reason),
+            skip: None,
             duration_s: 0.0,
             repeats: 0,
             repeats_failed: 0,
@@ -111,5 +120,34 @@ impl ScenarioResult {
             latency: Default::default(),
             evidence: Evidence::default(),
         }
+    }
+
+    /// A scenario skipped for `why`.
+    pub fn skipped(name: &str, file: &std::path::Path, why: SkipReason) -> Self {
+        let mut r = Self::not_run(name, file, Verdict::Skip, why.to_string());
+        r.skip = Some(why);
+        r
+    }
+
+    /// A scenario that failed before any repeat ran.
+    pub fn failed_before_running(name: &str, file: &std::path::Path, why: Failure) -> Self {
+        let mut r = Self::not_run(name, file, Verdict::Fail, why.to_string());
+        if let Failure::Unmet { skip, .. } = &why {
+            r.skip = Some(skip.clone());
+        }
+        r.evidence.failures.push(Failed {
+            repeat: None,
+            failure: why,
+        });
+        r
+    }
+
+    /// Every failure's kind, in order (none for a pass or a skip).
+    pub fn failure_kinds(&self) -> Vec<super::failure::FailureKind> {
+        self.evidence
+            .failures
+            .iter()
+            .map(|f| f.failure.kind())
+            .collect()
     }
 }

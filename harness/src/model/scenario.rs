@@ -100,9 +100,9 @@ impl ReleaseFamily {
     }
 
     /// The skip's code when no release is installed.
-    pub fn skip_code(self) -> &'static str {
+    pub fn skip_code(self) -> super::requirement::SkipCode {
         match self {
-            ReleaseFamily::Torch => "no-torch",
+            ReleaseFamily::Torch => super::requirement::SkipCode::NoTorch,
         }
     }
 

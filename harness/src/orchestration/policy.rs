@@ -6,34 +6,33 @@ use std::path::Path;
 
 use crate::hosts::probe::HostFacts;
 use crate::hosts::profile::HostProfile;
-use crate::model::requirement::{Requirement, SkipReason};
-use crate::model::result::{ScenarioResult, Verdict};
+use crate::model::failure::Failure;
+use crate::model::requirement::{Requirement, SkipCode, SkipReason};
+use crate::model::result::ScenarioResult;
 use crate::model::scenario::{Fault, Scenario};
 
 /// What happens to a scenario before any rank starts.
 #[derive(Debug, PartialEq)]
 pub enum Decision {
     Run,
-    Skip(String),
+    Skip(SkipReason),
     /// A skip that must not be one (`must_have`, `--strict`).
-    Fail(String),
+    Fail(Failure),
 }
 
 impl Decision {
     /// The result a scenario gets when it does not run; `None` for [`Decision::Run`].
     pub fn result(&self, name: &str, file: &Path) -> Option<ScenarioResult> {
-        let (verdict, reason) = match self {
-            Decision::Run => return None,
-            Decision::Skip(r) => (Verdict::Skip, r),
-            Decision::Fail(r) => (Verdict::Fail, r),
-        };
-        Some(not_run(name, file, verdict, reason.clone()))
+        match self {
+            Decision::Run => None,
+            Decision::Skip(why) => Some(ScenarioResult::skipped(name, file, why.clone())),
+            Decision::Fail(why) => Some(ScenarioResult::failed_before_running(
+                name,
+                file,
+                why.clone(),
+            )),
+        }
     }
-}
-
-/// A result for a scenario that did not run (skipped, or failed before it started).
-pub fn not_run(name: &str, file: &Path, verdict: Verdict, reason: String) -> ScenarioResult {
-    ScenarioResult::not_run(name, file, verdict, reason)
 }
 
 /// The policy's inputs that do not change within a run.
@@ -75,7 +74,7 @@ impl Policy<'_> {
             && (!s.audit.is_empty() || !s.perturb.is_empty() || !self.profile.audit.is_empty());
         if let Some(f) = self.facts.iter().find(|f| traced && !f.strace) {
             let reason = SkipReason {
-                code: "no-strace",
+                code: SkipCode::NoStrace,
                 detail: format!(
                     "the lifecycle audit runs ranks under strace, which {} lacks: install Debian's `strace`",
                     f.host
@@ -105,16 +104,19 @@ impl Policy<'_> {
             } else {
                 "the host profile's must_have"
             };
-            Decision::Fail(format!("{reason} (a skip turned into a failure by {why})"))
+            Decision::Fail(Failure::Unmet {
+                skip: reason,
+                by: why.into(),
+            })
         } else {
-            Decision::Skip(reason.to_string())
+            Decision::Skip(reason)
         }
     }
 }
 
 fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
     SkipReason {
-        code: "no-host-control",
+        code: SkipCode::NoHostControl,
         detail: format!(
             "the {:?} fault acts on a whole host, which only the containers profile can do (`{}` is {:?})",
             f.action, profile.name, profile.kind
@@ -176,6 +178,8 @@ mod tests {
         else {
             panic!("expected a skip")
         };
+        assert_eq!(why.code, SkipCode::NoTorch);
+        let why = why.to_string();
         assert!(
             why.starts_with("no-torch: no torch release is installed"),
             "{why}"
@@ -207,15 +211,20 @@ mod tests {
         let Decision::Skip(why) = decide("local", false, false, "rdma-pingpong") else {
             panic!("expected a skip")
         };
-        assert!(why.starts_with("no-rdma-device:"), "{why}");
+        assert_eq!(why.code, SkipCode::NoRdmaDevice, "{why}");
     }
 
     #[test]
     fn strict_turns_every_skip_into_a_failure() {
-        let Decision::Fail(why) = decide("local", true, false, "rdma-pingpong") else {
+        let Decision::Fail(Failure::Unmet { skip, by }) =
+            decide("local", true, false, "rdma-pingpong")
+        else {
             panic!("expected a failure")
         };
-        assert!(why.contains("--strict"), "{why}");
+        assert_eq!(
+            (skip.code, by.as_str()),
+            (SkipCode::NoRdmaDevice, "--strict")
+        );
     }
 
     #[test]
@@ -223,7 +232,7 @@ mod tests {
         let Decision::Fail(why) = decide("rxe", false, false, "rdma-pingpong") else {
             panic!("expected a failure")
         };
-        assert!(why.contains("must_have"), "{why}");
+        assert!(why.to_string().contains("must_have"), "{why}");
     }
 
     #[test]
@@ -244,7 +253,7 @@ mod tests {
         let Decision::Skip(why) = policy.decide(&s.scenario) else {
             panic!("expected a skip")
         };
-        assert!(why.starts_with("no-strace:"), "{why}");
+        assert_eq!(why.code, SkipCode::NoStrace, "{why}");
         policy.no_audit = true;
         assert_eq!(policy.decide(&s.scenario), Decision::Run);
     }
@@ -273,7 +282,7 @@ mod tests {
         let Decision::Skip(why) = policy.decide(&s.scenario) else {
             panic!("expected a skip")
         };
-        assert!(why.starts_with("no-host-control:"), "{why}");
+        assert_eq!(why.code, SkipCode::NoHostControl, "{why}");
         policy.host_control = true;
         assert_eq!(policy.decide(&s.scenario), Decision::Run);
     }
@@ -281,7 +290,7 @@ mod tests {
     #[test]
     fn a_vm_that_cannot_run_here_is_a_skip_or_a_must_have_failure() {
         let reason = || SkipReason {
-            code: "no-vm",
+            code: SkipCode::NoVm,
             detail: "virtme-ng is not installed".into(),
         };
         let local = profile::load(&repo("hosts/local.yaml")).unwrap();
@@ -307,7 +316,8 @@ mod tests {
             .unmet(reason(), &rdma)
             .result("s", Path::new("s.yaml"))
             .unwrap();
-        assert_eq!(not_run.verdict, Verdict::Skip);
+        assert_eq!(not_run.verdict, crate::model::result::Verdict::Skip);
+        assert_eq!(not_run.skip.unwrap().code, SkipCode::NoVm);
         assert_eq!(
             not_run.reason.as_deref(),
             Some("no-vm: virtme-ng is not installed")

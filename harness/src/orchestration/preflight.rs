@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::hosts::child;
 use crate::hosts::placement::{Placement, RemoteHost};
 use crate::hosts::programs;
-use crate::model::requirement::SkipReason;
+use crate::model::requirement::{SkipCode, SkipReason};
 use crate::rank::steps::Preflight;
 
 const CHECK_LIMIT: Duration = Duration::from_secs(30);
@@ -26,8 +26,8 @@ pub fn unmet(needs: &[Preflight], placement: &Placement) -> Option<SkipReason> {
         };
         if let Some(detail) = failed {
             let code = match need {
-                Preflight::Program { .. } => "missing-program",
-                Preflight::Check { .. } => "precheck",
+                Preflight::Program { .. } => SkipCode::MissingProgram,
+                Preflight::Check { .. } => SkipCode::Precheck,
             };
             return Some(SkipReason { code, detail });
         }

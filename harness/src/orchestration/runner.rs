@@ -12,14 +12,15 @@ use hdrhistogram::Histogram;
 
 use super::coordinator::{self, Plan};
 use super::events::{Counts, Reporter, RunEvent, RunMeta};
-use super::policy::{self, Decision, Policy};
+use super::policy::{Decision, Policy};
 use super::preflight;
 use crate::hosts::placement::Placement;
 use crate::hosts::profile::{HostProfile, ProfileKind};
 use crate::hosts::vm;
+use crate::model::failure::{Failed, Failure};
 use crate::model::known;
 use crate::model::metric::{Metric, SampleKey};
-use crate::model::requirement::SkipReason;
+use crate::model::requirement::{SkipCode, SkipReason};
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
 use crate::model::scenario::{AuditCheck, Perturb};
 use crate::rank::steps::Loaded;
@@ -214,22 +215,23 @@ fn in_vm(
                     let why = outcome.ended.unwrap_or(
                         "the VM ended before reporting it (boot or RDMA set-up failed?)",
                     );
-                    outcome.results.push(policy::not_run(
+                    outcome.results.push(ScenarioResult::failed_before_running(
                         &l.scenario.name,
                         &l.path,
-                        Verdict::Fail,
-                        format!("{why}; VM consoles in {}", outcome.inner.display()),
+                        Failure::HarnessError {
+                            detail: format!("{why}; VM consoles in {}", outcome.inner.display()),
+                        },
                     ));
                 }
             }
             outcome.results
         }
-        Err(why) => selected
+        Err(vm::VmError::Unavailable(detail)) => selected
             .iter()
             .map(|l| {
                 let reason = SkipReason {
-                    code: "no-vm",
-                    detail: why.trim_start_matches("no-vm: ").to_string(),
+                    code: SkipCode::NoVm,
+                    detail: detail.clone(),
                 };
                 let s = &l.scenario;
                 policy
@@ -238,16 +240,29 @@ fn in_vm(
                     .unwrap_or_else(|| unreachable_run(&s.name, &l.path))
             })
             .collect(),
+        Err(vm::VmError::Failed(detail)) => selected
+            .iter()
+            .map(|l| {
+                ScenarioResult::failed_before_running(
+                    &l.scenario.name,
+                    &l.path,
+                    Failure::HarnessError {
+                        detail: format!("the VM run could not start: {detail}"),
+                    },
+                )
+            })
+            .collect(),
     }
 }
 
 /// `unmet` never decides to run; should it ever, the scenario fails rather than vanish.
 fn unreachable_run(name: &str, file: &Path) -> ScenarioResult {
-    policy::not_run(
+    ScenarioResult::failed_before_running(
         name,
         file,
-        Verdict::Fail,
-        "the policy ran a scenario it could not run".into(),
+        Failure::HarnessError {
+            detail: "the policy ran a scenario it could not run".into(),
+        },
     )
 }
 
@@ -272,7 +287,7 @@ pub(crate) struct Observed {
 fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
     let s = &loaded.scenario;
     let started = Instant::now();
-    let mut result = policy::not_run(&s.name, &loaded.path, Verdict::Pass, String::new());
+    let mut result = ScenarioResult::not_run(&s.name, &loaded.path, Verdict::Pass, String::new());
     result.reason = None;
     let steps = loaded.steps();
     let faults = loaded.faults();
@@ -288,10 +303,12 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
     let mut seen = Observed::default();
     for repeat in 0..repeats {
         if cx.interrupted.load(Ordering::Relaxed) {
-            result
-                .evidence
-                .failures
-                .push("interrupted before every repeat ran".into());
+            result.evidence.failures.push(Failed {
+                repeat: Some(repeat),
+                failure: Failure::Interrupted {
+                    detail: "interrupted before every repeat ran".into(),
+                },
+            });
             result.repeats_failed += 1;
             break;
         }
@@ -341,7 +358,10 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
             result
                 .evidence
                 .failures
-                .extend(failures.iter().map(|f| format!("repeat {repeat}: {f}")));
+                .extend(failures.into_iter().map(|failure| Failed {
+                    repeat: Some(repeat),
+                    failure,
+                }));
             result
                 .evidence
                 .rank_logs
@@ -379,7 +399,7 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
             .evidence
             .failures
             .first()
-            .cloned()
+            .map(|f| f.to_string())
             .unwrap_or_default();
         result.reason = Some(if result.repeats > 1 {
             format!(

@@ -5,64 +5,81 @@ use std::collections::BTreeMap;
 
 use serde_saphyr::Spanned;
 
+use crate::model::failure::Failure;
 use crate::model::metric::{Bound, Metric};
-use crate::orchestration::coordinator::{Attempt, COORDINATOR};
+use crate::orchestration::coordinator::Attempt;
 
 /// Every reason this repeat failed; empty means it passed.
-pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Vec<String> {
+pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Vec<Failure> {
     let mut failures = vec![];
-    if let Some(e) = &attempt.setup_error {
-        failures.push(format!("harness error: {e}"));
+    if let Some(detail) = &attempt.setup_error {
+        failures.push(Failure::HarnessError {
+            detail: detail.clone(),
+        });
     }
     if attempt.interrupted {
-        failures.push("interrupted (SIGINT/SIGTERM) before the scenario finished".into());
+        failures.push(Failure::Interrupted {
+            detail: "interrupted (SIGINT/SIGTERM) before the scenario finished".into(),
+        });
     }
     if let Some(h) = &attempt.hang {
-        failures.push(format!("watchdog: {}", h.summary));
+        failures.push(Failure::Watchdog {
+            summary: h.summary.clone(),
+        });
     }
-    for e in &attempt.unexpected_exits {
-        failures.push(e.clone());
+    for detail in &attempt.unexpected_exits {
+        failures.push(Failure::UnexpectedExit {
+            detail: detail.clone(),
+        });
     }
-    for (rank, step, e) in &attempt.step_errors {
+    for (rank, step, error) in &attempt.step_errors {
         // A rank a fault struck fails by design; its survivors' evidence is what counts.
         if !attempt.faulted_ranks.contains(rank) {
-            failures.push(format!("rank {rank} step {step}: {e}"));
+            failures.push(Failure::StepError {
+                rank: *rank,
+                step: *step,
+                error: error.clone(),
+            });
         }
     }
     failures.extend(attempt.audit.iter().cloned());
     failures.extend(attempt.reconciled_failures.iter().cloned());
-    for l in &attempt.leftovers {
-        failures.push(format!("process left behind: {l}"));
+    for process in &attempt.leftovers {
+        failures.push(Failure::Leftover {
+            process: process.clone(),
+        });
     }
-    failures.extend(attempt.faults_missed.iter().cloned());
+    for detail in &attempt.faults_missed {
+        failures.push(Failure::FaultMissed {
+            detail: detail.clone(),
+        });
+    }
     if !failures.is_empty() {
         // Metrics of a broken run prove nothing; do not pile "missing evidence" on top.
         return failures;
     }
     for (metric, bound) in expect {
-        let name = metric.as_str();
         let seen: Vec<(u32, f64)> = attempt
             .reports
             .iter()
             .filter_map(|(rank, r)| r.metrics.get(metric).map(|v| (*rank, *v)))
             .collect();
         if seen.is_empty() {
-            failures.push(format!(
-                "no rank reported `{name}`: no evidence for `{name}` {}",
-                bound.value
-            ));
+            failures.push(Failure::Bound {
+                metric: *metric,
+                rank: None,
+                value: None,
+                expected: bound.value,
+            });
         }
         for (rank, value) in seen {
-            if let Err(why) = bound.value.check(value) {
-                let whose = if rank == COORDINATOR {
-                    "from both sides' evidence".to_string()
-                } else {
-                    format!("on rank {rank}")
-                };
-                failures.push(format!(
-                    "`{name}` {whose}: {why} (expected {})",
-                    bound.value
-                ));
+            if bound.value.check(value).is_err() {
+                failures.push(Failure::Bound {
+                    metric: *metric,
+                    rank: Some(rank),
+                    value: Some(value),
+                    expected: bound.value,
+                });
             }
         }
     }

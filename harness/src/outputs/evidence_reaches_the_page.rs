@@ -10,7 +10,6 @@ use crate::hosts::probe;
 use crate::model::metric::{Metric, SampleKey, Series};
 use crate::model::result::{ScenarioResult, Verdict};
 use crate::orchestration::events::{Counts, Reporter, RunEvent, RunMeta};
-use crate::orchestration::policy;
 use crate::orchestration::runner::{summarise, Observed};
 use crate::rank::protocol::StepReport;
 
@@ -48,7 +47,7 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
         }
     }
     seen.metrics.insert(Metric::RdmaMessages, vec![4.0]);
-    let mut result = policy::not_run(
+    let mut result = ScenarioResult::not_run(
         "every-series",
         Path::new("x.yaml"),
         Verdict::Pass,
@@ -85,7 +84,7 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
 
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
-    assert_eq!(json["schema"], 2);
+    assert_eq!(json["schema"], crate::model::result::SCHEMA);
     let latency = &json["scenarios"][0]["latency"];
     let back: ScenarioResult =
         serde_json::from_value(json["scenarios"][0].clone()).expect("results.json reads back");
@@ -112,6 +111,112 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
         );
     }
     assert!(html.contains("rdma_messages"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Write one run of these results, as `wringer run` does, into `dir`.
+fn write_run(dir: &Path, results: &[ScenarioResult]) {
+    let meta = RunMeta::new("r1".into(), "local".into(), 1, vec![probe::local()], 1);
+    let mut writer = ReportWriter::default();
+    writer
+        .on_event(&RunEvent::Started {
+            meta: &meta,
+            dir,
+            scenarios: results.len(),
+        })
+        .unwrap();
+    let mut counts = Counts::default();
+    for (index, result) in results.iter().enumerate() {
+        counts.add(result.verdict);
+        writer
+            .on_event(&RunEvent::ScenarioFinished {
+                index,
+                result,
+                elapsed: Duration::ZERO,
+            })
+            .unwrap();
+    }
+    writer
+        .on_event(&RunEvent::Finished {
+            counts,
+            interrupted: false,
+            elapsed: Duration::ZERO,
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_failure_and_a_skip_reach_results_json_and_the_page_typed() {
+    use crate::model::failure::{Failed, Failure, FailureKind};
+    use crate::model::metric::Bound;
+    use crate::model::requirement::{SkipCode, SkipReason};
+    let mut failed = ScenarioResult::not_run("f", Path::new("f.yaml"), Verdict::Fail, "x".into());
+    failed.evidence.failures = vec![
+        Failed {
+            repeat: Some(0),
+            failure: Failure::Bound {
+                metric: Metric::DetectMs,
+                rank: Some(1),
+                value: Some(4200.0),
+                expected: Bound {
+                    min: None,
+                    max: Some(3000.0),
+                    equals: None,
+                },
+            },
+        },
+        Failed {
+            repeat: Some(1),
+            failure: Failure::Watchdog {
+                summary: "rank 1 still running".into(),
+            },
+        },
+    ];
+    let skipped = ScenarioResult::skipped(
+        "s",
+        Path::new("s.yaml"),
+        SkipReason {
+            code: SkipCode::NoRdmaDevice,
+            detail: "/sys/class/infiniband is absent".into(),
+        },
+    );
+    let dir = temp_dir("typed");
+    write_run(&dir, &[failed, skipped]);
+    let run = site::load_run(&dir).expect("the run reads back");
+    assert_eq!(
+        run.scenarios[0].failure_kinds(),
+        [FailureKind::Bound, FailureKind::Watchdog]
+    );
+    assert_eq!(
+        run.scenarios[1].skip.as_ref().map(|s| s.code),
+        Some(SkipCode::NoRdmaDevice)
+    );
+    let html = render(&dir);
+    assert!(
+        html.contains(
+            "<span class=\"kind\">bound</span> repeat 0: `detect_ms` on rank 1: 4200 &gt; max 3000"
+        ),
+        "{html}"
+    );
+    assert!(html
+        .contains("<span class=\"kind\">watchdog</span> repeat 1: watchdog: rank 1 still running"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_schema_2_failure_list_reads_as_recorded_text_and_renders() {
+    let old = r#"{"run_id":"old","host_profile":"local","started_unix":1,"schema":2,"scenarios":[
+        {"name":"pp","file":"s.yaml","verdict":"fail","reason":"no-rdma-device: absent","duration_s":1.0,
+         "repeats":1,"repeats_failed":1,"metrics":{},"latency":{},
+         "evidence":{"failures":["repeat 0: watchdog: rank 2 hung"]}}]}"#;
+    let dir = temp_dir("schema-2");
+    std::fs::write(dir.join("results.json"), old).unwrap();
+    let run = site::load_run(&dir).expect("a schema 2 results.json reads");
+    assert_eq!(
+        run.scenarios[0].failure_kinds(),
+        [crate::model::failure::FailureKind::Recorded]
+    );
+    assert!(render(&dir).contains("repeat 0: watchdog: rank 2 hung"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -143,6 +143,10 @@ impl ReportWriter {
                 Verdict::Fail => {
                     let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
                     s.set_message(r.reason.clone().unwrap_or_default());
+                    // The first failure's kind (`bound`, `watchdog`...), for CI's grouping.
+                    if let Some(first) = r.evidence.failures.first() {
+                        s.set_type(first.failure.kind().as_str());
+                    }
                     s.set_description(evidence_summary(r));
                     s
                 }
@@ -254,7 +258,13 @@ fn headline_metrics(r: &ScenarioResult) -> String {
 }
 
 fn evidence_summary(r: &ScenarioResult) -> String {
-    let mut s = r.evidence.failures.join("\n");
+    let mut s = r
+        .evidence
+        .failures
+        .iter()
+        .map(|f| format!("[{}] {f}", f.failure.kind()))
+        .collect::<Vec<_>>()
+        .join("\n");
     for st in &r.evidence.stacks {
         s.push_str(&format!(
             "\n--- stacks of rank {} (pid {}), repeat {}\n{}",

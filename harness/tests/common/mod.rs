@@ -10,8 +10,20 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The failures of a `results.json` scenario entry, read as the typed records they are, each
+/// as `[kind] sentence` (`[bound] repeat 0: ...`).
+pub fn failures(scenario: &serde_json::Value) -> Vec<String> {
+    let failed: Vec<harness::model::failure::Failed> =
+        serde_json::from_value(scenario["evidence"]["failures"].clone())
+            .expect("failures are typed records");
+    failed
+        .iter()
+        .map(|f| format!("[{}] {f}", f.failure.kind()))
+        .collect()
+}
+
 /// Run `file` with `WRINGER_TRANSPORT_BUG=bug` and `extra` arguments; returns the exit code
-/// and the first scenario's failures.
+/// and the first scenario's failures (see [`failures`]).
 pub fn run_with_bug(file: &str, bug: &str, tag: &str, extra: &[&str]) -> (i32, Vec<String>) {
     let dir = std::env::temp_dir().join(format!("wringer-bug-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -27,12 +39,7 @@ pub fn run_with_bug(file: &str, bug: &str, tag: &str, extra: &[&str]) -> (i32, V
         .unwrap();
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
-    let failures = results["scenarios"][0]["evidence"]["failures"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap().to_string())
-        .collect();
+    let failures = failures(&results["scenarios"][0]);
     let _ = std::fs::remove_dir_all(&dir);
     (out.status.code().unwrap_or(-1), failures)
 }

@@ -19,6 +19,7 @@ use nix::sys::signal::Signal;
 
 use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
+use crate::model::failure::Failure;
 use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb, StepSpec};
 use crate::orchestration::audit;
 use crate::orchestration::launcher::Tracing;
@@ -58,9 +59,9 @@ pub struct Attempt {
     /// From starting the ranks to sending every rank its start message.
     pub rendezvous: Option<Duration>,
     /// Lifecycle audit violations, each with its trace lines.
-    pub audit: Vec<String>,
+    pub audit: Vec<Failure>,
     /// Expectations judged on every rank's evidence together (see `StepKind::reconcile`).
-    pub reconciled_failures: Vec<String>,
+    pub reconciled_failures: Vec<Failure>,
     /// The scenario's faults as they struck, on the wall clock, for `reconcile`.
     pub struck: Vec<StruckFault>,
     /// Stacks captured when the watchdog fired, until the hang is recorded.
@@ -390,7 +391,7 @@ fn drive(
 
 /// The audit's violations in every rank's trace (fetched from remote hosts first). A missing
 /// or empty trace is itself a failure: an audit that saw nothing proves nothing.
-fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<String> {
+fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
     let mut checks: Vec<AuditCheck> = plan.audit.to_vec();
     if !hung {
         // A wait without a bound matters only when something waited too long.
@@ -402,15 +403,16 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<String> {
         let text = match group.fetch_trace(rank) {
             Ok(t) if !t.trim().is_empty() => t,
             Ok(_) => {
-                found.push(format!(
-                    "audit: rank {rank}'s trace {} is empty",
-                    path.display()
+                found.push(violation(
+                    rank,
+                    format!("rank {rank}'s trace {} is empty", path.display()),
                 ));
                 continue;
             }
             Err(e) => {
-                found.push(format!(
-                    "audit: rank {rank}'s trace could not be read: {e:#}"
+                found.push(violation(
+                    rank,
+                    format!("rank {rank}'s trace could not be read: {e:#}"),
                 ));
                 continue;
             }
@@ -418,24 +420,33 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<String> {
         let violations = audit::analyse(&text, &checks);
         let shown = violations.len().min(MAX_VIOLATIONS_SHOWN);
         for v in &violations[..shown] {
-            found.push(format!(
-                "audit: rank {rank}: {v}\n    (trace: {})",
-                path.display()
+            found.push(violation(
+                rank,
+                format!("rank {rank}: {v}\n    (trace: {})", path.display()),
             ));
         }
         if violations.len() > shown {
-            found.push(format!(
-                "audit: rank {rank}: {} more violations in {}",
-                violations.len() - shown,
-                path.display()
+            found.push(violation(
+                rank,
+                format!(
+                    "rank {rank}: {} more violations in {}",
+                    violations.len() - shown,
+                    path.display()
+                ),
             ));
         }
     }
     found
 }
 
-/// The rank number under which the coordinator's own derived evidence is reported.
-pub const COORDINATOR: u32 = u32::MAX;
+pub use crate::model::failure::COORDINATOR;
+
+fn violation(rank: u32, detail: String) -> Failure {
+    Failure::AuditViolation {
+        rank: Some(rank),
+        detail,
+    }
+}
 
 /// Evidence derived from every rank's report of a step (see `StepKind::reconcile`), reported
 /// as the coordinator's own.
@@ -448,12 +459,17 @@ fn reconcile(steps: &[Step], attempt: &mut Attempt) {
             .map(|(rank, r)| (*rank, r))
             .collect();
         let derived = step.kind().reconcile(&reports, &attempt.struck);
-        attempt.reconciled_failures.extend(
-            derived
-                .failures
-                .iter()
-                .map(|f| format!("step {i}, from every rank's evidence: {f}")),
-        );
+        attempt
+            .reconciled_failures
+            .extend(
+                derived
+                    .failures
+                    .iter()
+                    .map(|detail| Failure::ReconcileDisagreement {
+                        step: i,
+                        detail: detail.clone(),
+                    }),
+            );
         if derived.metrics.is_empty() && derived.notes.is_empty() {
             continue;
         }

@@ -9,6 +9,7 @@ use super::{series, HistoryEntry, Regression, Run, Trend};
 use crate::model::result::{ScenarioResult, Verdict};
 
 const CSS: &str = r#"
+.kind{font:12px monospace;background:#eef;border:1px solid #ccd;border-radius:3px;padding:0 4px}
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1d2330;max-width:1400px}
 h1{font-size:22px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #dde;padding-bottom:4px}
 table{border-collapse:collapse}td,th{border:1px solid #ccd;padding:4px 8px;vertical-align:top;text-align:left}
@@ -437,7 +438,18 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult, run_dir: &std::path::Pa
             h.push_str("</ul>");
         }
     };
-    list(h, "failures", &s.evidence.failures);
+    if !s.evidence.failures.is_empty() {
+        h.push_str("<p><b>failures</b></p><ul>");
+        for f in &s.evidence.failures {
+            let _ = write!(
+                h,
+                "<li><span class=\"kind\">{}</span> {}</li>",
+                e(f.failure.kind().as_str()),
+                e(&f.to_string())
+            );
+        }
+        h.push_str("</ul>");
+    }
     list(h, "faults", &s.evidence.faults);
     list(h, "observations", &s.evidence.notes);
     if !s.metrics.is_empty() {
