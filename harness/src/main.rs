@@ -58,6 +58,9 @@ enum Command {
         paths: Vec<PathBuf>,
         #[arg(long, default_value = "hosts/local.yaml")]
         hosts: PathBuf,
+        /// List the metrics the step kinds declare (name, unit, which way is better) instead.
+        #[arg(long)]
+        metrics: bool,
     },
     /// Show what each host of the profile has (probed on the host itself, over SSH for remote
     /// profiles). Without --hosts: this machine.
@@ -176,7 +179,20 @@ fn main() -> ExitCode {
             let mut files = ReportWriter::default();
             runner::run(scenarios, &profile, &opts, &mut [&mut progress, &mut files])
         })(),
-        Command::List { paths, hosts } => (|| {
+        Command::List { metrics: true, .. } => {
+            for m in harness::model::metric::Metric::all() {
+                let unit = serde_json::to_value(m.unit()).unwrap_or_default();
+                let better = serde_json::to_value(m.better()).unwrap_or_default();
+                harness::say!(
+                    "{:<32} unit={:<16} better={}",
+                    m.as_str(),
+                    unit.as_str().unwrap_or_default(),
+                    better.as_str().unwrap_or_default()
+                );
+            }
+            Ok(0)
+        }
+        Command::List { paths, hosts, .. } => (|| {
             let profile = hosts::load(&hosts)?;
             // This machine's facts, judged by the same policy a run uses.
             let facts = [probe::local()];

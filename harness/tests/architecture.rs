@@ -165,29 +165,55 @@ fn body<'a>(text: &'a str, name: &str) -> &'a str {
     &rest[..rest.find("fn ").unwrap_or(rest.len())]
 }
 
+/// The metric constants `declare_metrics!` blocks declare in `text`.
+fn metric_consts(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices("declare_metrics! {") {
+        let block = &text[i..i + text[i..].find("\n}").unwrap_or(text.len() - i)];
+        for line in block.lines() {
+            let line = line.trim().trim_start_matches("pub ");
+            if let Some((id, _)) = line.split_once(" = \"") {
+                out.insert(id.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Which of `consts` appear in `text` as whole words.
+fn used(text: &str, consts: &BTreeSet<String>) -> BTreeSet<String> {
+    let words: BTreeSet<&str> = text
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .collect();
+    consts
+        .iter()
+        .filter(|c| words.contains(c.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// `text` without its `declare_metrics!` blocks and `use` lines (which name, not record).
+fn without_declarations(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_block = false;
+    for line in text.lines() {
+        if line.contains("declare_metrics! {") {
+            in_block = true;
+        }
+        if !in_block && !line.trim_start().starts_with("use ") {
+            out.push_str(line);
+            out.push('\n');
+        }
+        if in_block && line == "}" {
+            in_block = false;
+        }
+    }
+    out
+}
+
 #[test]
 fn every_step_kind_records_only_what_it_declares() {
     let steps = src().join("rank/steps");
-    let read = |f: &str| std::fs::read_to_string(steps.join(f)).unwrap();
-    // Helpers the kinds share, by function: what each records.
-    let mut helpers: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
-    for f in [
-        "support.rs",
-        "rdma_support.rs",
-        "gpu_support.rs",
-        "raw_peer.rs",
-    ] {
-        let text = read(f);
-        for (i, _) in text.match_indices("fn ") {
-            let name: String = text[i + 3..]
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            let b = body(&text, &name);
-            helpers.insert(name, (named(b, "Metric"), named(b, "Series")));
-        }
-    }
-    let mut kinds = 0;
     let mut entries: Vec<_> = std::fs::read_dir(&steps)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -195,18 +221,47 @@ fn every_step_kind_records_only_what_it_declares() {
         .filter(|p| p.is_file())
         .collect();
     entries.sort();
-    for path in entries {
-        let text = std::fs::read_to_string(&path).unwrap();
+    let texts: Vec<(PathBuf, String)> = entries
+        .into_iter()
+        .map(|p| {
+            let t = std::fs::read_to_string(&p).unwrap();
+            (p, t)
+        })
+        .collect();
+    let consts: BTreeSet<String> = texts.iter().flat_map(|(_, t)| metric_consts(t)).collect();
+    assert!(
+        consts.len() > 50,
+        "too few metric constants found: {consts:?}"
+    );
+    // Helpers the kinds share, by function: what each records.
+    let mut helpers: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    for (path, text) in &texts {
+        if text.contains("impl StepKind for") {
+            continue;
+        }
+        let text = without_declarations(text);
+        for (i, _) in text.match_indices("fn ") {
+            let name: String = text[i + 3..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let b = body(&text, &name);
+            helpers.insert(name, (used(b, &consts), named(b, "Series")));
+        }
+        let _ = path;
+    }
+    let mut kinds = 0;
+    for (path, text) in &texts {
         if !text.contains("impl StepKind for") {
             continue;
         }
         kinds += 1;
-        let declared_m = named(body(&text, "metrics"), "Metric");
-        let declared_s = named(body(&text, "series"), "Series");
-        let rest = text
-            .replace(body(&text, "metrics"), "")
-            .replace(body(&text, "series"), "");
-        let mut recorded_m = named(&rest, "Metric");
+        let declared_m = used(body(text, "metrics"), &consts);
+        let declared_s = named(body(text, "series"), "Series");
+        let rest = without_declarations(text)
+            .replace(body(text, "metrics"), "")
+            .replace(body(text, "series"), "");
+        let mut recorded_m = used(&rest, &consts);
         let mut recorded_s = named(&rest, "Series");
         for (name, (m, s)) in &helpers {
             if rest.contains(&format!("{name}(")) {
@@ -226,7 +281,11 @@ fn every_step_kind_records_only_what_it_declares() {
             "{file} samples undeclared series {stray_s:?}"
         );
     }
-    assert_eq!(kinds, 26, "every registered step kind is a file of its own");
+    assert_eq!(
+        kinds,
+        harness::rank::steps::Step::NAMES.len(),
+        "every registered step kind is a file of its own"
+    );
 }
 
 #[test]
@@ -236,7 +295,11 @@ fn every_registered_kind_has_its_own_file() {
         .lines()
         .filter(|l| l.trim_start().starts_with(|c: char| c.is_uppercase()) && l.contains(") = \""))
         .collect();
-    assert_eq!(lines.len(), 26, "{lines:?}");
+    assert_eq!(
+        lines.len(),
+        harness::rank::steps::Step::NAMES.len(),
+        "{lines:?}"
+    );
     for l in lines {
         // `    Name(file::Name) = "kind-name",`
         let file = l.split('(').nth(1).unwrap().split("::").next().unwrap();

@@ -128,6 +128,11 @@ fn broken_yaml_is_exit_two_with_file_line_and_column() {
     for (file, line_col, what) in [
         ("unknown-key.yaml", ":5:1:", "unknown field `stepz`"),
         ("bad-type.yaml", ":7:15:", "invalid u32"),
+        (
+            "misspelt-fault-point.yaml",
+            ":11:5:",
+            "fault at `midstream`: no step reaches that point, so the fault would never strike; its steps report `mid-stream`",
+        ),
     ] {
         let path = fixture(file);
         let out = run_to_end(wringer(

@@ -226,6 +226,10 @@ impl<'de> Deserialize<'de> for Failed {
 mod tests {
     use super::*;
 
+    crate::declare_metrics! {
+        TEST_DETECT_MS = "test_detect_ms", Milliseconds, Lower;
+    }
+
     fn bound(max: f64) -> Bound {
         Bound {
             min: None,
@@ -243,7 +247,7 @@ mod tests {
                 error: "peer reset".into(),
             },
             Failure::Bound {
-                metric: Metric::DetectMs,
+                metric: TEST_DETECT_MS,
                 rank: Some(2),
                 value: Some(4000.0),
                 expected: bound(3000.0),
@@ -274,22 +278,24 @@ mod tests {
     #[test]
     fn the_sentence_names_the_rank_and_the_bound() {
         let f = Failure::Bound {
-            metric: Metric::DetectMs,
+            metric: TEST_DETECT_MS,
             rank: Some(2),
             value: Some(4000.0),
             expected: bound(3000.0),
         };
         assert_eq!(
             f.to_string(),
-            "`detect_ms` on rank 2: 4000 > max 3000 (expected <= 3000)"
+            "`test_detect_ms` on rank 2: 4000 > max 3000 (expected <= 3000)"
         );
         let f = Failure::Bound {
-            metric: Metric::DetectMs,
+            metric: TEST_DETECT_MS,
             rank: None,
             value: None,
             expected: bound(3000.0),
         };
-        assert!(f.to_string().starts_with("no rank reported `detect_ms`"));
+        assert!(f
+            .to_string()
+            .starts_with("no rank reported `test_detect_ms`"));
         assert_eq!(f.kind().as_str(), "bound");
     }
 }

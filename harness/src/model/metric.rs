@@ -6,141 +6,186 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Every metric a step can report. Expectations name these; a typo is a located error.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    Cycles,
-    ShutdownP50Ms,
-    ShutdownP99Ms,
-    Ebadf,
-    FdDelta,
-    ThreadDelta,
-    FramesIntact,
-    FramesCorrupt,
-    FramesMissing,
-    EofCases,
-    EofMisclassified,
-    SendSawReceiverError,
-    FlushSawReceiverError,
-    SurvivorDetected,
-    DetectMs,
-    ListenerTimeoutFired,
-    ListenerTimeoutMs,
-    SpuriousTimeouts,
-    LateSocketRejected,
-    StaleDropped,
-    ReuseConnectionsOk,
-    DuplicateWaitRejected,
-    ShutdownWaitersFailed,
-    ShutdownReleaseMs,
-    PairsVerified,
-    DataMismatches,
-    InitiatorConnectFailed,
-    ConnectFailMs,
-    RdmaMessages,
-    RdmaDataMismatches,
-    RdmaCompletionErrors,
-    RetryExcErr,
-    RdmaTxMessages,
-    RdmaRxMessages,
-    RdmaRxBytes,
-    RdmaDropped,
-    RdmaConnectionsServed,
-    RdmaWorkersJoined,
-    RdmaPoolLeaked,
-    RdmaShutdownMs,
-    RdmaStatsSamples,
-    RdmaInterfacesServed,
-    RdmaInterfaceMismatches,
-    RdmaEchoes,
-    InteropAsClient,
-    InteropAsServer,
-    GpuMessages,
-    GpuDataMismatches,
-    /// Bytes where the device's fill kernel and the host's reference pattern disagree.
-    GpuPatternHostMismatches,
-    GpuBandwidthGbps,
-    /// 1 when both of a rank's GPU regions were registered through dmabuf, 0 when staged.
-    GpuDmabuf,
-    /// Case-table steps (an adversary plays several cases): how many cases ran,
-    Cases,
-    /// how many ended with another outcome than the case demands,
-    CasesMisclassified,
-    /// how many ended later than the case's deadline allows,
-    CasesLate,
-    /// and the slowest case's time to its outcome.
-    SlowestCaseMs,
-    /// The RDMA server's stats thread: its longest wait for the registry lock.
-    RdmaStatsMaxLockWaitMs,
-    /// The longest an RDMA disconnect waited for its worker to leave.
-    RdmaWorkerExitMs,
-    /// Teardowns whose closing side's receiver ended some other way than by its own shutdown.
-    CloserNotLocalShutdown,
-    /// Attempts a race step made,
-    Attempts,
-    /// those both sides saw connected,
-    BothConnected,
-    /// those neither side did (the initiator refused or closed, never left in silence),
-    NeitherConnected,
-    /// and those where the two sides disagree, or the initiator was left in silence.
-    Disagreements,
-    /// An external program: from the fault to its exit (the slowest survivor),
-    ExitMs,
-    /// and what it printed of itself: median and tail latency,
-    LatencyP50Us,
-    LatencyP99Us,
-    /// mean latency, where that is all it prints,
-    LatencyAvgUs,
-    /// bandwidth,
-    BandwidthGbps,
-    /// and rounds (iterations, collectives) completed.
-    Rounds,
-    /// The read path's hand-over: frames delivered,
-    FramesDelivered,
-    /// those delivered out of order, twice, never, or not as sent,
-    FramesOutOfOrder,
-    /// those a caller read itself, those taken from the receiver thread's queue,
-    FramesReadDirectly,
-    FramesFromQueue,
-    /// how often the stream changed readers, and the rounds where a caller arrived while the
-    /// receiver held half a frame.
-    ReadHandovers,
-    HandoverRounds,
-    /// Frames not returned whole by the `recv` after deadlines expired inside them,
-    FramesLostAfterTimeout,
-    /// and the deadlines that expired inside a header, and inside a payload.
-    MidHeaderTimeouts,
-    MidPayloadTimeouts,
-    /// Ends a caller read that a caller, `send`, `flush` or the connection reported otherwise,
-    EndsMisreported,
-    /// and ends the receiver thread found instead of a caller (the case tested no caller).
-    EndsFoundByReceiver,
-    /// Closes with callers blocked in `recv`: with the receiver parked aside, and with it
-    /// waiting for bytes;
-    CyclesReceiverParked,
-    CyclesReceiverWaiting,
-    /// closes that outlasted their bound (waited for the peer),
-    ClosesWaitingForPeer,
-    /// blocked callers that did not return local shutdown within the bound,
-    CallersNotWokenByClose,
-    /// and the slowest blocked caller's return after `close` began.
-    CallerWakeMaxMs,
+/// A metric as a step kind declares it, in its own file (see [`declare_metrics!`]): its name
+/// as YAML, JSON and the page spell it, its unit, and which way is better.
+#[derive(Debug)]
+pub struct MetricDef {
+    pub name: &'static str,
+    pub unit: Unit,
+    pub better: Better,
+}
+
+/// What a metric's numbers count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unit {
+    /// Events, frames, cases, attempts.
+    Count,
+    Bytes,
+    Seconds,
+    Milliseconds,
+    Microseconds,
+    GbitPerSecond,
+    /// 1 or 0: it happened, or it did not.
+    Flag,
+}
+
+impl Unit {
+    /// How the page writes it after a number ("" for counts).
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Unit::Count | Unit::Flag => "",
+            Unit::Bytes => "B",
+            Unit::Seconds => "s",
+            Unit::Milliseconds => "ms",
+            Unit::Microseconds => "µs",
+            Unit::GbitPerSecond => "Gbit/s",
+        }
+    }
+}
+
+/// Which direction of change is an improvement, for trends and regressions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Better {
+    Lower,
+    Higher,
+    /// Neither: the count is what the scenario asked for (cycles, cases).
+    Neither,
+}
+
+/// One declared metric. Two are the same metric when their names are the same; every name is
+/// declared once (a test checks it).
+#[derive(Clone, Copy, Debug)]
+pub struct Metric(&'static MetricDef);
+
+/// What [`declare_metrics!`] registers, so that a name read from a file finds its metric.
+pub struct Declared(pub Metric);
+inventory::collect!(Declared);
+
+/// Declare metrics where they are recorded: one `const` each, registered for lookup by name.
+///
+/// ```ignore
+/// declare_metrics! {
+///     /// From the fault to the survivor's error.
+///     pub DETECT_MS = "detect_ms", Milliseconds, Lower;
+/// }
+/// ```
+#[macro_export]
+macro_rules! declare_metrics {
+    ($($(#[$doc:meta])* $vis:vis $id:ident = $name:literal, $unit:ident, $better:ident;)*) => {
+        $(
+            $(#[$doc])*
+            $vis const $id: $crate::model::metric::Metric =
+                $crate::model::metric::Metric::new(&$crate::model::metric::MetricDef {
+                    name: $name,
+                    unit: $crate::model::metric::Unit::$unit,
+                    better: $crate::model::metric::Better::$better,
+                });
+            ::inventory::submit! { $crate::model::metric::Declared($id) }
+        )*
+    };
 }
 
 impl Metric {
-    /// The metric's name in YAML, JSON and on the page.
-    pub fn as_str(self) -> String {
-        serde_json::to_value(self)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default()
+    pub const fn new(def: &'static MetricDef) -> Metric {
+        Metric(def)
     }
+
+    /// The metric's name in YAML, JSON and on the page.
+    pub fn as_str(self) -> &'static str {
+        self.0.name
+    }
+
+    pub fn unit(self) -> Unit {
+        self.0.unit
+    }
+
+    pub fn better(self) -> Better {
+        self.0.better
+    }
+
+    /// Every declared metric, by name.
+    pub fn all() -> Vec<Metric> {
+        let mut all: Vec<Metric> = inventory::iter::<Declared>().map(|d| d.0).collect();
+        all.sort();
+        all
+    }
+
+    /// The declared metric of this name.
+    pub fn named(name: &str) -> Option<Metric> {
+        inventory::iter::<Declared>()
+            .map(|d| d.0)
+            .find(|m| m.as_str() == name)
+    }
+}
+
+impl PartialEq for Metric {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+impl Eq for Metric {}
+impl PartialOrd for Metric {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Metric {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+impl std::hash::Hash for Metric {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h)
+    }
+}
+
+impl Serialize for Metric {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Metric {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Metric, D::Error> {
+        let name = String::deserialize(d)?;
+        Metric::named(&name).ok_or_else(|| {
+            let near: Vec<&str> = Metric::all()
+                .into_iter()
+                .map(Metric::as_str)
+                .filter(|m| close(m, &name))
+                .collect();
+            let hint = if near.is_empty() {
+                "`wringer list --metrics` lists them".to_string()
+            } else {
+                format!("did you mean {}?", near.join(" or "))
+            };
+            serde::de::Error::custom(format!(
+                "unknown metric `{name}`: no step kind declares it; {hint}"
+            ))
+        })
+    }
+}
+
+/// Names a typo could have meant: the same words in another order, or one word apart.
+fn close(declared: &str, typed: &str) -> bool {
+    let words = |s: &str| {
+        let mut w: Vec<String> = s.split('_').map(str::to_owned).collect();
+        w.sort();
+        w
+    };
+    let (a, b) = (words(declared), words(typed));
+    if a == b {
+        return true;
+    }
+    a.len() == b.len() && a.iter().zip(&b).filter(|(x, y)| x != y).count() == 1
 }
 
 impl fmt::Display for Metric {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.as_str())
+        f.write_str(self.as_str())
     }
 }
 
@@ -319,9 +364,43 @@ mod tests {
         assert!("latency/x".parse::<SampleKey>().is_err());
     }
 
+    crate::declare_metrics! {
+        /// Only for these tests.
+        TEST_WAIT_MS = "test_wait_ms", Milliseconds, Lower;
+        TEST_RATE_GBPS = "test_rate_gbps", GbitPerSecond, Higher;
+    }
+
     #[test]
-    fn a_metric_is_named_in_snake_case() {
-        assert_eq!(Metric::ShutdownP99Ms.as_str(), "shutdown_p99_ms");
-        assert_eq!(Metric::GpuDmabuf.to_string(), "gpu_dmabuf");
+    fn a_declared_metric_is_found_by_name_with_its_unit_and_direction() {
+        assert_eq!(TEST_WAIT_MS.as_str(), "test_wait_ms");
+        assert_eq!(Metric::named("test_wait_ms"), Some(TEST_WAIT_MS));
+        assert_eq!(TEST_WAIT_MS.unit().symbol(), "ms");
+        assert_eq!(TEST_RATE_GBPS.better(), Better::Higher);
+        let back: Metric = serde_json::from_str("\"test_rate_gbps\"").unwrap();
+        assert_eq!(back.unit(), Unit::GbitPerSecond);
+        let e = serde_json::from_str::<Metric>("\"test_ms_wait\"").unwrap_err();
+        assert!(e.to_string().contains("did you mean test_wait_ms?"), "{e}");
+        let e = serde_json::from_str::<Metric>("\"nothing_like_it\"").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown metric `nothing_like_it`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_metric_name_is_declared_once_in_snake_case() {
+        let all = Metric::all();
+        let names: Vec<&str> = all.iter().map(|m| m.as_str()).collect();
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(names, unique, "a metric name is declared twice");
+        for n in names {
+            assert!(
+                !n.is_empty()
+                    && n.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "`{n}` is not snake_case"
+            );
+        }
     }
 }

@@ -47,6 +47,10 @@ pub trait StepSpec {
     fn uses_release(&self) -> bool {
         false
     }
+    /// The points its ranks report reaching, where a scenario's fault may strike (`at:`).
+    fn points(&self) -> Vec<String> {
+        vec![]
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -408,7 +412,26 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
             return Err(located(path, &p.referenced, why));
         }
     }
+    let mut points: Vec<String> = s.steps.iter().flat_map(|st| st.value.points()).collect();
+    points.sort();
+    points.dedup();
     for fault in &s.faults {
+        if !points.contains(&fault.value.at) {
+            let known = if points.is_empty() {
+                "no step of this scenario reports a point a fault could strike at".to_string()
+            } else {
+                let quoted: Vec<String> = points.iter().map(|p| format!("`{p}`")).collect();
+                format!("its steps report {}", quoted.join(", "))
+            };
+            return Err(located(
+                path,
+                &fault.referenced,
+                format!(
+                    "fault at `{}`: no step reaches that point, so the fault would never strike; {known}",
+                    fault.value.at
+                ),
+            ));
+        }
         if fault.value.rank >= ranks {
             return Err(located(
                 path,

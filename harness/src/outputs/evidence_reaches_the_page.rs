@@ -46,7 +46,8 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
             }
         }
     }
-    seen.metrics.insert(Metric::RdmaMessages, vec![4.0]);
+    seen.metrics
+        .insert(Metric::named("rdma_messages").unwrap(), vec![4.0]);
     let mut result = ScenarioResult::not_run(
         "every-series",
         Path::new("x.yaml"),
@@ -155,7 +156,7 @@ fn a_failure_and_a_skip_reach_results_json_and_the_page_typed() {
         Failed {
             repeat: Some(0),
             failure: Failure::Bound {
-                metric: Metric::DetectMs,
+                metric: Metric::named("detect_ms").unwrap(),
                 rank: Some(1),
                 value: Some(4200.0),
                 expected: Bound {

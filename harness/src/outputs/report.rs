@@ -231,15 +231,19 @@ fn headline_metrics(r: &ScenarioResult) -> String {
             format!("{} B p50/p99 {:.0}/{:.0} µs", k.size, l.p50_us, l.p99_us)
         })
         .collect();
-    for key in [
-        Metric::Cycles,
-        Metric::ShutdownP99Ms,
-        Metric::DetectMs,
-        Metric::FramesIntact,
-        Metric::EofCases,
-        Metric::GpuBandwidthGbps,
-        Metric::GpuDmabuf,
+    // The headline metrics, when a scenario has them.
+    for name in [
+        "cycles",
+        "shutdown_p99_ms",
+        "detect_ms",
+        "frames_intact",
+        "eof_cases",
+        "gpu_bandwidth_gbps",
+        "gpu_dmabuf",
     ] {
+        let Some(key) = Metric::named(name) else {
+            continue;
+        };
         if let Some(m) = r.metrics.get(&key) {
             parts.push(format!(
                 "{key} {}",

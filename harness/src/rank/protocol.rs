@@ -166,26 +166,30 @@ pub fn read_line<R: BufRead, T: for<'de> Deserialize<'de>>(
 mod tests {
     use super::*;
 
+    crate::declare_metrics! {
+        TEST_CYCLES = "test_protocol_cycles", Count, Neither;
+        TEST_EBADF = "test_protocol_ebadf", Count, Lower;
+        TEST_DETECT_MS = "test_protocol_detect_ms", Milliseconds, Lower;
+    }
+
     #[test]
     fn evidence_a_step_did_not_declare_is_refused() {
         let mut r = StepReport::new(0);
-        r.metrics.insert(Metric::Cycles, 1.0);
+        r.metrics.insert(TEST_CYCLES, 1.0);
         r.sample(Series::Latency, 64, vec![1.0]);
-        assert!(r
-            .check_declared(&[Metric::Cycles], &[Series::Latency])
-            .is_ok());
+        assert!(r.check_declared(&[TEST_CYCLES], &[Series::Latency]).is_ok());
         let err = r
-            .check_declared(&[Metric::Ebadf], &[Series::Latency])
+            .check_declared(&[TEST_EBADF], &[Series::Latency])
             .unwrap_err();
-        assert!(err.contains("cycles"), "{err}");
-        let err = r.check_declared(&[Metric::Cycles], &[]).unwrap_err();
+        assert!(err.contains("test_protocol_cycles"), "{err}");
+        let err = r.check_declared(&[TEST_CYCLES], &[]).unwrap_err();
         assert!(err.contains("samples latency/64"), "{err}");
     }
 
     #[test]
     fn a_step_report_crosses_the_wire_typed() {
         let mut r = StepReport::new(3);
-        r.metrics.insert(Metric::DetectMs, 2.5);
+        r.metrics.insert(TEST_DETECT_MS, 2.5);
         r.sample(Series::WriteLatency, 4096, vec![1.0, 2.0]);
         let mut line = vec![];
         write_line(&mut line, &RankMsg::StepResult(r)).unwrap();
@@ -193,7 +197,7 @@ mod tests {
         let RankMsg::StepResult(back) = back else {
             panic!("not a step result: {back:?}")
         };
-        assert_eq!(back.metrics.get(&Metric::DetectMs), Some(&2.5));
+        assert_eq!(back.metrics.get(&TEST_DETECT_MS), Some(&2.5));
         let key = SampleKey {
             series: Series::WriteLatency,
             size: 4096,

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::model::input::{read_bytes, FileKind};
-use crate::model::metric::{SampleKey, Series as MetricSeries};
+use crate::model::metric::{Better, SampleKey, Series as MetricSeries, Unit};
 use crate::model::result::{ScenarioResult, Verdict};
 use crate::outputs::bench::BenchReport;
 
@@ -165,8 +165,33 @@ fn update_history(path: &Path, runs: &[Run]) -> Result<Vec<HistoryEntry>> {
     Ok(entries)
 }
 
-/// A series of (run start time, value), oldest first.
-pub type Trend = Vec<(u64, f64)>;
+/// A series of (run start time, value), oldest first, with its unit and which way is better.
+#[derive(Debug, PartialEq)]
+pub struct Trend {
+    pub unit: Unit,
+    pub better: Better,
+    pub points: Vec<(u64, f64)>,
+}
+
+impl Trend {
+    fn new(unit: Unit, better: Better) -> Trend {
+        Trend {
+            unit,
+            better,
+            points: vec![],
+        }
+    }
+
+    /// The least change that matters for its unit: relative change alone flags noise on tiny
+    /// values (4 ms -> 20 ms is +400%).
+    fn floor(&self) -> f64 {
+        match self.unit {
+            Unit::Seconds => 0.25,
+            Unit::Microseconds | Unit::Milliseconds => 5.0,
+            _ => 0.5,
+        }
+    }
+}
 
 /// Named series per host profile: scenario durations, latency p50/p99 per size, bandwidth.
 pub fn series(history: &[HistoryEntry], profile: &str) -> BTreeMap<String, Trend> {
@@ -177,7 +202,8 @@ pub fn series(history: &[HistoryEntry], profile: &str) -> BTreeMap<String, Trend
                 continue;
             }
             out.entry(format!("{name} · duration s"))
-                .or_default()
+                .or_insert_with(|| Trend::new(Unit::Seconds, Better::Lower))
+                .points
                 .push((e.started_unix, s.duration_s));
             for (key, (p50, p99)) in &s.latency {
                 // The latency series keeps its old trend names, so history stays continuous.
@@ -186,16 +212,19 @@ pub fn series(history: &[HistoryEntry], profile: &str) -> BTreeMap<String, Trend
                     other => format!("{} {} B", other.as_str(), key.size),
                 };
                 out.entry(format!("{name} · {what} p50 µs"))
-                    .or_default()
+                    .or_insert_with(|| Trend::new(Unit::Microseconds, Better::Lower))
+                    .points
                     .push((e.started_unix, *p50));
                 out.entry(format!("{name} · {what} p99 µs"))
-                    .or_default()
+                    .or_insert_with(|| Trend::new(Unit::Microseconds, Better::Lower))
+                    .points
                     .push((e.started_unix, *p99));
             }
         }
         if let Some(bw) = e.bandwidth_gbps {
             out.entry("TCP stream bandwidth Gbit/s".into())
-                .or_default()
+                .or_insert_with(|| Trend::new(Unit::GbitPerSecond, Better::Higher))
+                .points
                 .push((e.started_unix, bw));
         }
     }
@@ -203,15 +232,15 @@ pub fn series(history: &[HistoryEntry], profile: &str) -> BTreeMap<String, Trend
 }
 
 /// Flag series whose newest value is worse than the median of up to ten earlier ones by more
-/// than `threshold` (higher is worse, except for bandwidth).
+/// than `threshold`, in the direction its trend calls worse.
 pub fn regressions(history: &[HistoryEntry], threshold: f64) -> Vec<Regression> {
     let mut profiles: Vec<&str> = history.iter().map(|e| e.host_profile.as_str()).collect();
     profiles.sort();
     profiles.dedup();
     let mut out = vec![];
     for profile in profiles {
-        for (name, points) in series(history, profile) {
-            let Some((&(_, latest), earlier)) = points.split_last() else {
+        for (name, trend) in series(history, profile) {
+            let Some((&(_, latest), earlier)) = trend.points.split_last() else {
                 continue;
             };
             if earlier.is_empty() {
@@ -223,19 +252,13 @@ pub fn regressions(history: &[HistoryEntry], threshold: f64) -> Vec<Regression> 
             if baseline <= 0.0 {
                 continue;
             }
-            let higher_is_better = name.contains("Gbit/s");
             let change = (latest - baseline) / baseline;
-            let worse = if higher_is_better { -change } else { change };
-            // Relative change alone flags noise on tiny values (4 ms -> 20 ms is +400%), so a
-            // regression must also be worse by an absolute amount that matters for its unit.
-            let floor = if name.ends_with("duration s") {
-                0.25
-            } else if name.ends_with("µs") {
-                5.0
-            } else {
-                0.5
+            let worse = match trend.better {
+                Better::Higher => -change,
+                Better::Lower => change,
+                Better::Neither => continue,
             };
-            if worse > threshold && (latest - baseline).abs() >= floor {
+            if worse > threshold && (latest - baseline).abs() >= trend.floor() {
                 out.push(Regression {
                     profile: profile.to_string(),
                     series: name,

@@ -361,6 +361,7 @@ fn trends(h: &mut String, history: &[HistoryEntry]) {
                     color: colors[i % colors.len()],
                     // x is the run's position, so runs are evenly spaced.
                     points: pts
+                        .points
                         .iter()
                         .enumerate()
                         .map(|(n, p)| (n as f64 + 1.0, p.1))

@@ -6,6 +6,7 @@
 //! counters show who found the end; a case the receiver thread found is counted apart, since it
 //! did not test a caller.
 
+use super::support::{CASES, CASES_LATE, SLOWEST_CASE_MS};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,11 @@ use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
+
+crate::declare_metrics! {
+    pub ENDS_MISREPORTED = "ends_misreported", Count, Lower;
+    pub ENDS_FOUND_BY_RECEIVER = "ends_found_by_receiver", Count, Lower;
+}
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -51,11 +57,11 @@ const NOTED: usize = 6;
 impl StepSpec for CallerSeesEnd {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::Cases,
-            Metric::EndsMisreported,
-            Metric::CasesLate,
-            Metric::SlowestCaseMs,
-            Metric::EndsFoundByReceiver,
+            CASES,
+            ENDS_MISREPORTED,
+            CASES_LATE,
+            SLOWEST_CASE_MS,
+            ENDS_FOUND_BY_RECEIVER,
         ]
     }
 
@@ -125,11 +131,11 @@ impl CallerSeesEnd {
         }
         stop_peer(ctx, PATIENCE)?;
         let m = &mut report.metrics;
-        m.insert(Metric::Cases, cases as f64);
-        m.insert(Metric::EndsMisreported, misreported as f64);
-        m.insert(Metric::CasesLate, late as f64);
-        m.insert(Metric::SlowestCaseMs, slowest);
-        m.insert(Metric::EndsFoundByReceiver, by_receiver as f64);
+        m.insert(CASES, cases as f64);
+        m.insert(ENDS_MISREPORTED, misreported as f64);
+        m.insert(CASES_LATE, late as f64);
+        m.insert(SLOWEST_CASE_MS, slowest);
+        m.insert(ENDS_FOUND_BY_RECEIVER, by_receiver as f64);
         report.notes.push(format!(
             "{cases} ends (reset, truncation, garbage; to one caller and to {}), read by a \
              caller in {} of them; {misreported} misreported; the last caller reported its end \

@@ -6,6 +6,7 @@
 //! receiving wakes neither the caller in `poll` nor a receiver waiting in its `poll`. The peer closes its
 //! side after `peer_patience` without commands, so even that bug ends, as evidence.
 
+use super::support::{CYCLES, FD_DELTA, SHUTDOWN_P99_MS, THREAD_DELTA};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,14 @@ use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
+
+crate::declare_metrics! {
+    pub CYCLES_RECEIVER_PARKED = "cycles_receiver_parked", Count, Neither;
+    pub CYCLES_RECEIVER_WAITING = "cycles_receiver_waiting", Count, Neither;
+    pub CLOSES_WAITING_FOR_PEER = "closes_waiting_for_peer", Count, Lower;
+    pub CALLERS_NOT_WOKEN_BY_CLOSE = "callers_not_woken_by_close", Count, Lower;
+    pub CALLER_WAKE_MAX_MS = "caller_wake_max_ms", Milliseconds, Lower;
+}
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -45,15 +54,15 @@ const NOTED: usize = 4;
 impl StepSpec for CloseDuringRecv {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::Cycles,
-            Metric::CyclesReceiverParked,
-            Metric::CyclesReceiverWaiting,
-            Metric::ClosesWaitingForPeer,
-            Metric::CallersNotWokenByClose,
-            Metric::ShutdownP99Ms,
-            Metric::CallerWakeMaxMs,
-            Metric::FdDelta,
-            Metric::ThreadDelta,
+            CYCLES,
+            CYCLES_RECEIVER_PARKED,
+            CYCLES_RECEIVER_WAITING,
+            CLOSES_WAITING_FOR_PEER,
+            CALLERS_NOT_WOKEN_BY_CLOSE,
+            SHUTDOWN_P99_MS,
+            CALLER_WAKE_MAX_MS,
+            FD_DELTA,
+            THREAD_DELTA,
         ]
     }
 
@@ -155,15 +164,15 @@ impl CloseDuringRecv {
         stop_peer(ctx, PATIENCE)?;
         let (fd_delta, thread_delta) = settle(fds_before, threads_before, Duration::from_secs(2));
         let m = &mut report.metrics;
-        m.insert(Metric::Cycles, done as f64);
-        m.insert(Metric::CyclesReceiverParked, parked as f64);
-        m.insert(Metric::CyclesReceiverWaiting, waiting as f64);
-        m.insert(Metric::ClosesWaitingForPeer, late_closes as f64);
-        m.insert(Metric::CallersNotWokenByClose, not_woken as f64);
-        m.insert(Metric::ShutdownP99Ms, percentile(&close_ms, 99.0));
-        m.insert(Metric::CallerWakeMaxMs, wake_max);
-        m.insert(Metric::FdDelta, fd_delta);
-        m.insert(Metric::ThreadDelta, thread_delta);
+        m.insert(CYCLES, done as f64);
+        m.insert(CYCLES_RECEIVER_PARKED, parked as f64);
+        m.insert(CYCLES_RECEIVER_WAITING, waiting as f64);
+        m.insert(CLOSES_WAITING_FOR_PEER, late_closes as f64);
+        m.insert(CALLERS_NOT_WOKEN_BY_CLOSE, not_woken as f64);
+        m.insert(SHUTDOWN_P99_MS, percentile(&close_ms, 99.0));
+        m.insert(CALLER_WAKE_MAX_MS, wake_max);
+        m.insert(FD_DELTA, fd_delta);
+        m.insert(THREAD_DELTA, thread_delta);
         report.notes.push(format!(
             "{done} closes with callers blocked in recv ({parked} with the receiver parked \
              aside, {waiting} with it waiting for bytes): close p99 {:.1} ms, slowest caller back \

@@ -19,6 +19,11 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub EOF_CASES = "eof_cases", Count, Neither;
+    pub EOF_MISCLASSIFIED = "eof_misclassified", Count, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EofTruncation {
@@ -27,7 +32,7 @@ pub struct EofTruncation {
 
 impl StepSpec for EofTruncation {
     fn metrics(&self) -> &'static [Metric] {
-        &[Metric::EofCases, Metric::EofMisclassified]
+        &[EOF_CASES, EOF_MISCLASSIFIED]
     }
 
     fn deadline(&self) -> Duration {
@@ -42,7 +47,7 @@ impl StepKind for EofTruncation {
 }
 
 /// The cases, in the order rank 1 plays them, each with the outcome rank 0 must observe.
-const CASES: [&str; 5] = [
+const ENDINGS: [&str; 5] = [
     "clean-eof",
     "truncated-header",
     "truncated-payload",
@@ -61,7 +66,7 @@ pub fn eof_truncation(
         1 => {
             let frame = data(ctx.seed, 0, 10);
             let cut = data(ctx.seed, 1, 100);
-            for case in CASES {
+            for case in ENDINGS {
                 let mut s = raw_connect(ctx.peers[0].raw, deadline)?;
                 match case {
                     "clean-eof" => s.write_all(&frame)?,
@@ -79,7 +84,7 @@ pub fn eof_truncation(
         }
         0 => {
             let mut misclassified = 0;
-            for case in CASES {
+            for case in ENDINGS {
                 let conn = accept_conn(ctx, deadline)?;
                 let observed = observe(&conn, case, deadline)?;
                 let expected = match case {
@@ -102,10 +107,10 @@ pub fn eof_truncation(
                     ctx.control.barrier(&barrier, 2, deadline)?;
                 }
             }
-            report.metrics.insert(Metric::EofCases, CASES.len() as f64);
+            report.metrics.insert(EOF_CASES, ENDINGS.len() as f64);
             report
                 .metrics
-                .insert(Metric::EofMisclassified, misclassified as f64);
+                .insert(EOF_MISCLASSIFIED, misclassified as f64);
         }
         _ => {}
     }

@@ -1,5 +1,6 @@
 //! exact-reads: rank 1 (an adversarial raw peer) dribbles frames byte by byte and splits one at every offset; rank 0 must read every frame whole.
 
+use super::support::{FRAMES_INTACT};
 use std::io::Write;
 use std::net::Shutdown;
 use std::time::Duration;
@@ -17,6 +18,11 @@ use super::StepKind;
 use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
+
+crate::declare_metrics! {
+    pub FRAMES_CORRUPT = "frames_corrupt", Count, Lower;
+    pub FRAMES_MISSING = "frames_missing", Count, Lower;
+}
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -46,9 +52,9 @@ const STALLED_WRITE: Duration = Duration::from_secs(10);
 impl StepSpec for ExactReads {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::FramesIntact,
-            Metric::FramesCorrupt,
-            Metric::FramesMissing,
+            FRAMES_INTACT,
+            FRAMES_CORRUPT,
+            FRAMES_MISSING,
         ]
     }
 
@@ -181,9 +187,9 @@ fn receive(
     }
     let expected = plan.len() as u32;
     let m = &mut report.metrics;
-    m.insert(Metric::FramesIntact, intact as f64);
-    m.insert(Metric::FramesCorrupt, corrupt as f64);
-    m.insert(Metric::FramesMissing, (expected - intact - corrupt) as f64);
+    m.insert(FRAMES_INTACT, intact as f64);
+    m.insert(FRAMES_CORRUPT, corrupt as f64);
+    m.insert(FRAMES_MISSING, (expected - intact - corrupt) as f64);
     let large = plan.iter().filter(|(len, _)| *len >= 64 << 10).count();
     report.notes.push(format!(
         "{expected} frames expected: dribbled, split at every offset, and {large} large ones split at header offsets, payload edges and seeded offsets"

@@ -9,6 +9,7 @@
 //! the role's `error`) and `exit_ms` (fault to exit), against each role's expectations. A
 //! program that logs the error and never exits is killed at the deadline and judged for it.
 
+use super::support::{DATA_MISMATCHES, DETECT_MS};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,15 @@ use crate::model::metric::Metric;
 use crate::model::scenario::{Fault, FaultAction, StepSpec};
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
+
+crate::declare_metrics! {
+    pub EXIT_MS = "exit_ms", Milliseconds, Lower;
+    pub LATENCY_P50_US = "latency_p50_us", Microseconds, Lower;
+    pub LATENCY_P99_US = "latency_p99_us", Microseconds, Lower;
+    pub LATENCY_AVG_US = "latency_avg_us", Microseconds, Lower;
+    pub BANDWIDTH_GBPS = "bandwidth_gbps", GbitPerSecond, Higher;
+    pub ROUNDS = "rounds", Count, Neither;
+}
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -189,12 +199,12 @@ pub enum Trigger {
 
 /// Metrics an exec role may read from its program's output.
 pub const EXTRACTABLE: &[Metric] = &[
-    Metric::LatencyP50Us,
-    Metric::LatencyP99Us,
-    Metric::LatencyAvgUs,
-    Metric::BandwidthGbps,
-    Metric::Rounds,
-    Metric::DataMismatches,
+    LATENCY_P50_US,
+    LATENCY_P99_US,
+    LATENCY_AVG_US,
+    BANDWIDTH_GBPS,
+    ROUNDS,
+    DATA_MISMATCHES,
 ];
 
 /// One rank's account of its program, on the wall clock (µs since the epoch).
@@ -234,14 +244,14 @@ const POLL: Duration = Duration::from_millis(10);
 impl StepSpec for Exec {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::DetectMs,
-            Metric::ExitMs,
-            Metric::LatencyP50Us,
-            Metric::LatencyP99Us,
-            Metric::LatencyAvgUs,
-            Metric::BandwidthGbps,
-            Metric::Rounds,
-            Metric::DataMismatches,
+            DETECT_MS,
+            EXIT_MS,
+            LATENCY_P50_US,
+            LATENCY_P99_US,
+            LATENCY_AVG_US,
+            BANDWIDTH_GBPS,
+            ROUNDS,
+            DATA_MISMATCHES,
         ]
     }
 
@@ -262,6 +272,14 @@ impl StepSpec for Exec {
             r.templates().any(|t| template::uses_release(t))
                 || r.precheck_words().any(|w| w.contains("{release}"))
         })
+    }
+
+    /// Each role's ranks report starting it and its ready line.
+    fn points(&self) -> Vec<String> {
+        self.roles
+            .keys()
+            .flat_map(|role| [format!("{role}:started"), format!("{role}:ready")])
+            .collect()
     }
 
     /// Host-level role faults become scenario faults at the points the role's ranks report.
@@ -1171,8 +1189,8 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
     }
     // A role that never became ready is the cause of what its dependents did after: first.
     out.failures.sort_by_key(|f| !f.contains(NEVER_READY));
-    out.metrics.extend(worst_detect.map(|v| (Metric::DetectMs, v)));
-    out.metrics.extend(worst_exit.map(|v| (Metric::ExitMs, v)));
+    out.metrics.extend(worst_detect.map(|v| (DETECT_MS, v)));
+    out.metrics.extend(worst_exit.map(|v| (EXIT_MS, v)));
     out
 }
 

@@ -1,5 +1,6 @@
 //! exit-before-first-exchange: full-mesh lazy connect and a first exchange, with one rank exiting before it (seed 003's #520 repro).
 
+use super::support::{DETECT_MS, SURVIVOR_DETECTED};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -25,7 +26,7 @@ pub struct ExitBeforeFirstExchange {
 
 impl StepSpec for ExitBeforeFirstExchange {
     fn metrics(&self) -> &'static [Metric] {
-        &[Metric::SurvivorDetected, Metric::DetectMs]
+        &[SURVIVOR_DETECTED, DETECT_MS]
     }
 
     fn min_ranks(&self) -> u32 {
@@ -140,14 +141,14 @@ pub fn exit_before_first_exchange(
     match failure {
         Some(e) => {
             let detect_ms = started.elapsed().as_secs_f64() * 1e3;
-            report.metrics.insert(Metric::SurvivorDetected, 1.0);
-            report.metrics.insert(Metric::DetectMs, detect_ms);
+            report.metrics.insert(SURVIVOR_DETECTED, 1.0);
+            report.metrics.insert(DETECT_MS, detect_ms);
             report
                 .notes
                 .push(format!("rank {}: {e} after {detect_ms:.0} ms", ctx.rank));
         }
         None => {
-            report.metrics.insert(Metric::SurvivorDetected, 0.0);
+            report.metrics.insert(SURVIVOR_DETECTED, 0.0);
             report.notes.push(format!(
                 "rank {}: the first exchange completed without rank {exiting}",
                 ctx.rank

@@ -1,5 +1,7 @@
 //! gpu-pingpong-rdma: the same over an RC connection with RDMA WRITE: GPU memory registered through dmabuf where the GPU and NIC allow it, else staged through pinned host memory.
 
+use super::gpu_support::{GPU_BANDWIDTH_GBPS, GPU_DATA_MISMATCHES, GPU_MESSAGES, GPU_PATTERN_HOST_MISMATCHES};
+use super::rdma_support::{RDMA_COMPLETION_ERRORS, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -16,6 +18,10 @@ use super::StepKind;
 use crate::model::metric::{Metric, Series};
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub GPU_DMABUF = "gpu_dmabuf", Flag, Neither;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct GpuPingpongRdma(pub GpuParams);
@@ -23,13 +29,13 @@ pub struct GpuPingpongRdma(pub GpuParams);
 impl StepSpec for GpuPingpongRdma {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::GpuMessages,
-            Metric::GpuDataMismatches,
-            Metric::GpuPatternHostMismatches,
-            Metric::GpuBandwidthGbps,
-            Metric::GpuDmabuf,
-            Metric::RdmaCompletionErrors,
-            Metric::RetryExcErr,
+            GPU_MESSAGES,
+            GPU_DATA_MISMATCHES,
+            GPU_PATTERN_HOST_MISMATCHES,
+            GPU_BANDWIDTH_GBPS,
+            GPU_DMABUF,
+            RDMA_COMPLETION_ERRORS,
+            RETRY_EXC_ERR,
         ]
     }
 
@@ -70,7 +76,7 @@ pub fn rdma(ctx: &Ctx, step: usize, plan: &GpuParams, report: &mut StepReport) -
         rx.path()
     ));
     report.metrics.insert(
-        Metric::GpuDmabuf,
+        GPU_DMABUF,
         (tx.path().is_dmabuf() && rx.path().is_dmabuf()) as u8 as f64,
     );
     c.send(&rx.remote().to_bytes(), deadline)?;

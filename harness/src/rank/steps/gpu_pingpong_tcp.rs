@@ -1,5 +1,6 @@
 //! gpu-pingpong-tcp: ranks 0 and 1, each on a GPU: ping-pong of device buffers over TCP (staged through pinned host memory), the pattern written and checked on the device at every size; then `stream_messages` of the largest size one way, for bandwidth.
 
+use super::gpu_support::{GPU_BANDWIDTH_GBPS, GPU_DATA_MISMATCHES, GPU_MESSAGES, GPU_PATTERN_HOST_MISMATCHES};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -23,10 +24,10 @@ pub struct GpuPingpongTcp(pub GpuParams);
 impl StepSpec for GpuPingpongTcp {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::GpuMessages,
-            Metric::GpuDataMismatches,
-            Metric::GpuPatternHostMismatches,
-            Metric::GpuBandwidthGbps,
+            GPU_MESSAGES,
+            GPU_DATA_MISMATCHES,
+            GPU_PATTERN_HOST_MISMATCHES,
+            GPU_BANDWIDTH_GBPS,
         ]
     }
 

@@ -6,10 +6,17 @@ use anyhow::{Context, Result};
 use transport::gpu::{inventory, pattern, DeviceBuffer, Gpu};
 
 use crate::model::duration::Dur;
-use crate::model::metric::{Metric, Series};
+use crate::model::metric::Series;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
+
+crate::declare_metrics! {
+    pub GPU_MESSAGES = "gpu_messages", Count, Neither;
+    pub GPU_DATA_MISMATCHES = "gpu_data_mismatches", Count, Lower;
+    pub GPU_PATTERN_HOST_MISMATCHES = "gpu_pattern_host_mismatches", Count, Lower;
+    pub GPU_BANDWIDTH_GBPS = "gpu_bandwidth_gbps", GbitPerSecond, Higher;
+}
 
 /// What a GPU step does: ping-pong at each size, then `stream_messages` of the largest one
 /// way, for bandwidth. Both GPU step kinds take these parameters.
@@ -94,14 +101,11 @@ pub(super) struct Tally {
 impl Tally {
     pub(super) fn into_report(self, report: &mut StepReport) {
         let m = &mut report.metrics;
-        m.insert(Metric::GpuMessages, self.messages as f64);
-        m.insert(Metric::GpuDataMismatches, self.mismatches as f64);
-        m.insert(
-            Metric::GpuPatternHostMismatches,
-            self.host_mismatches as f64,
-        );
+        m.insert(GPU_MESSAGES, self.messages as f64);
+        m.insert(GPU_DATA_MISMATCHES, self.mismatches as f64);
+        m.insert(GPU_PATTERN_HOST_MISMATCHES, self.host_mismatches as f64);
         if let Some(bw) = self.bandwidth_gbps {
-            m.insert(Metric::GpuBandwidthGbps, bw);
+            m.insert(GPU_BANDWIDTH_GBPS, bw);
         }
         for (size, v) in self.samples {
             report.sample(Series::Latency, size as u64, v);

@@ -26,6 +26,15 @@ use crate::model::scenario::StepSpec;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
 
+crate::declare_metrics! {
+    pub FRAMES_DELIVERED = "frames_delivered", Count, Neither;
+    pub FRAMES_OUT_OF_ORDER = "frames_out_of_order", Count, Lower;
+    pub FRAMES_READ_DIRECTLY = "frames_read_directly", Count, Neither;
+    pub FRAMES_FROM_QUEUE = "frames_from_queue", Count, Neither;
+    pub READ_HANDOVERS = "read_handovers", Count, Neither;
+    pub HANDOVER_ROUNDS = "handover_rounds", Count, Neither;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HandoverOrder {
@@ -54,12 +63,12 @@ const NOTED: usize = 5;
 impl StepSpec for HandoverOrder {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::FramesDelivered,
-            Metric::FramesOutOfOrder,
-            Metric::FramesReadDirectly,
-            Metric::FramesFromQueue,
-            Metric::ReadHandovers,
-            Metric::HandoverRounds,
+            FRAMES_DELIVERED,
+            FRAMES_OUT_OF_ORDER,
+            FRAMES_READ_DIRECTLY,
+            FRAMES_FROM_QUEUE,
+            READ_HANDOVERS,
+            HANDOVER_ROUNDS,
         ]
     }
 
@@ -166,12 +175,12 @@ impl<'a> Reader<'a> {
         conn.close()?;
         stop_peer(self.ctx, PATIENCE)?;
         let m = &mut report.metrics;
-        m.insert(Metric::FramesDelivered, self.delivered as f64);
-        m.insert(Metric::FramesOutOfOrder, self.violations.len() as f64);
-        m.insert(Metric::FramesReadDirectly, stats.frames_read_by_callers as f64);
-        m.insert(Metric::FramesFromQueue, stats.frames_dequeued as f64);
-        m.insert(Metric::ReadHandovers, stats.handovers as f64);
-        m.insert(Metric::HandoverRounds, self.handover_rounds as f64);
+        m.insert(FRAMES_DELIVERED, self.delivered as f64);
+        m.insert(FRAMES_OUT_OF_ORDER, self.violations.len() as f64);
+        m.insert(FRAMES_READ_DIRECTLY, stats.frames_read_by_callers as f64);
+        m.insert(FRAMES_FROM_QUEUE, stats.frames_dequeued as f64);
+        m.insert(READ_HANDOVERS, stats.handovers as f64);
+        m.insert(HANDOVER_ROUNDS, self.handover_rounds as f64);
         report.notes.push(format!(
             "{} frames in {} rounds: {} read by a caller itself, {} taken from the receiver's \
              queue, {} hand-overs of the read side, {} rounds with a caller arriving while the \

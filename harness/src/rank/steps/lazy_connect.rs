@@ -1,5 +1,6 @@
 //! lazy-connect: Gloo's lazy-connect cases between rank 0 (listener) and rank 1 (initiator), ordered with barriers.
 
+use super::support::{LISTENER_TIMEOUT_FIRED, LISTENER_TIMEOUT_MS};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +21,16 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub SPURIOUS_TIMEOUTS = "spurious_timeouts", Count, Lower;
+    pub LATE_SOCKET_REJECTED = "late_socket_rejected", Flag, Neither;
+    pub STALE_DROPPED = "stale_dropped", Flag, Neither;
+    pub REUSE_CONNECTIONS_OK = "reuse_connections_ok", Flag, Neither;
+    pub DUPLICATE_WAIT_REJECTED = "duplicate_wait_rejected", Flag, Neither;
+    pub SHUTDOWN_WAITERS_FAILED = "shutdown_waiters_failed", Count, Lower;
+    pub SHUTDOWN_RELEASE_MS = "shutdown_release_ms", Milliseconds, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LazyConnect {
@@ -30,15 +41,15 @@ pub struct LazyConnect {
 impl StepSpec for LazyConnect {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::ListenerTimeoutFired,
-            Metric::ListenerTimeoutMs,
-            Metric::SpuriousTimeouts,
-            Metric::LateSocketRejected,
-            Metric::StaleDropped,
-            Metric::ReuseConnectionsOk,
-            Metric::DuplicateWaitRejected,
-            Metric::ShutdownWaitersFailed,
-            Metric::ShutdownReleaseMs,
+            LISTENER_TIMEOUT_FIRED,
+            LISTENER_TIMEOUT_MS,
+            SPURIOUS_TIMEOUTS,
+            LATE_SOCKET_REJECTED,
+            STALE_DROPPED,
+            REUSE_CONNECTIONS_OK,
+            DUPLICATE_WAIT_REJECTED,
+            SHUTDOWN_WAITERS_FAILED,
+            SHUTDOWN_RELEASE_MS,
         ]
     }
 
@@ -107,7 +118,7 @@ fn initiator_side(
     let rejected = matches!(late, Err(Error::Rejected(RejectReason::StaleGeneration)));
     report
         .metrics
-        .insert(Metric::LateSocketRejected, rejected as u8 as f64);
+        .insert(LATE_SOCKET_REJECTED, rejected as u8 as f64);
     report
         .notes
         .push(format!("late socket for a timed-out generation: {late:?}"));
@@ -143,7 +154,7 @@ fn listener_side(
     report.notes.push(format!(
         "wait with nobody connecting: {:?} after {:.1} ms",
         r.as_ref().err(),
-        m[&Metric::ListenerTimeoutMs]
+        m[&LISTENER_TIMEOUT_MS]
     ));
 
     // no spurious timeout after success, even once the wait's deadline has long passed.
@@ -151,7 +162,7 @@ fn listener_side(
     let conn = l.wait_for(seq(step, 2), wait * 4)?;
     std::thread::sleep(wait * 5);
     m.insert(
-        Metric::SpuriousTimeouts,
+        SPURIOUS_TIMEOUTS,
         (l.stats().timed_out - timed_out_before) as f64,
     );
     conn.send(b"still here", deadline)?;
@@ -167,7 +178,7 @@ fn listener_side(
     b("late-1")?;
     b("late-2")?;
     m.insert(
-        Metric::StaleDropped,
+        STALE_DROPPED,
         (l.stats().stale_dropped - stale_before) as f64,
     );
     let next = l.wait_for(seq(step, 3), deadline)?;
@@ -182,7 +193,7 @@ fn listener_side(
     let bconn = l.wait_for(seq(step, 4), deadline)?;
     let ok =
         (a.recv(deadline)?.payload == b"A") as u8 + (bconn.recv(deadline)?.payload == b"B") as u8;
-    m.insert(Metric::ReuseConnectionsOk, ok as f64);
+    m.insert(REUSE_CONNECTIONS_OK, ok as f64);
 
     // duplicate pending wait: the second wait is refused, the first still completes.
     let dup = std::thread::scope(|s| -> Result<f64> {
@@ -201,7 +212,7 @@ fn listener_side(
         }
         Ok(refused as u8 as f64)
     })?;
-    m.insert(Metric::DuplicateWaitRejected, dup);
+    m.insert(DUPLICATE_WAIT_REJECTED, dup);
 
     // shutdown with pending waiters: every one fails with ListenerClosed, promptly.
     let other = Arc::new(Listener::bind(
@@ -225,9 +236,9 @@ fn listener_side(
             failed += 1;
         }
     }
-    m.insert(Metric::ShutdownWaitersFailed, failed as f64);
+    m.insert(SHUTDOWN_WAITERS_FAILED, failed as f64);
     m.insert(
-        Metric::ShutdownReleaseMs,
+        SHUTDOWN_RELEASE_MS,
         started.elapsed().as_secs_f64() * 1e3,
     );
     b("done")?;
@@ -245,11 +256,11 @@ pub(super) fn wait_out(
     let started = Instant::now();
     let r = l.wait_for(sequence, wait);
     m.insert(
-        Metric::ListenerTimeoutFired,
+        LISTENER_TIMEOUT_FIRED,
         matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
     );
     m.insert(
-        Metric::ListenerTimeoutMs,
+        LISTENER_TIMEOUT_MS,
         started.elapsed().as_secs_f64() * 1e3,
     );
     r

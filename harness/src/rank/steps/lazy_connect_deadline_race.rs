@@ -18,6 +18,13 @@ use crate::model::scenario::StepSpec;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
 
+crate::declare_metrics! {
+    pub ATTEMPTS = "attempts", Count, Neither;
+    pub BOTH_CONNECTED = "both_connected", Count, Neither;
+    pub NEITHER_CONNECTED = "neither_connected", Count, Neither;
+    pub DISAGREEMENTS = "disagreements", Count, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LazyConnectDeadlineRace {
@@ -44,10 +51,10 @@ const SILENT: &str = "silent";
 impl StepSpec for LazyConnectDeadlineRace {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::Attempts,
-            Metric::BothConnected,
-            Metric::NeitherConnected,
-            Metric::Disagreements,
+            ATTEMPTS,
+            BOTH_CONNECTED,
+            NEITHER_CONNECTED,
+            DISAGREEMENTS,
         ]
     }
 
@@ -144,10 +151,10 @@ impl StepKind for LazyConnectDeadlineRace {
             }
         }
         let metrics = vec![
-            (Metric::Attempts, attempts as f64),
-            (Metric::BothConnected, both as f64),
-            (Metric::NeitherConnected, neither as f64),
-            (Metric::Disagreements, disagree as f64),
+            (ATTEMPTS, attempts as f64),
+            (BOTH_CONNECTED, both as f64),
+            (NEITHER_CONNECTED, neither as f64),
+            (DISAGREEMENTS, disagree as f64),
         ];
         Reconciled {
             metrics,
@@ -201,10 +208,10 @@ mod tests {
         assert_eq!(
             m,
             vec![
-                (Metric::Attempts, 4.0),
-                (Metric::BothConnected, 1.0),
-                (Metric::NeitherConnected, 1.0),
-                (Metric::Disagreements, 2.0),
+                (ATTEMPTS, 4.0),
+                (BOTH_CONNECTED, 1.0),
+                (NEITHER_CONNECTED, 1.0),
+                (DISAGREEMENTS, 2.0),
             ]
         );
     }

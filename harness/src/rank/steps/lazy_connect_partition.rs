@@ -1,5 +1,6 @@
 //! lazy-connect-partition: rank 1 reports `partitioned` (where a link cut strikes), then lazily connects to rank 0: both sides must fail within their deadlines instead of hanging.
 
+use super::support::{LISTENER_TIMEOUT_FIRED, LISTENER_TIMEOUT_MS};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -15,6 +16,11 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub INITIATOR_CONNECT_FAILED = "initiator_connect_failed", Flag, Neither;
+    pub CONNECT_FAIL_MS = "connect_fail_ms", Milliseconds, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LazyConnectPartition {
@@ -23,13 +29,20 @@ pub struct LazyConnectPartition {
     pub deadline: Dur,
 }
 
+/// The point its ranks report, where a scenario's fault may strike.
+const PARTITIONED: &str = "partitioned";
+
 impl StepSpec for LazyConnectPartition {
+    fn points(&self) -> Vec<String> {
+        vec![PARTITIONED.into()]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::ListenerTimeoutFired,
-            Metric::ListenerTimeoutMs,
-            Metric::InitiatorConnectFailed,
-            Metric::ConnectFailMs,
+            LISTENER_TIMEOUT_FIRED,
+            LISTENER_TIMEOUT_MS,
+            INITIATOR_CONNECT_FAILED,
+            CONNECT_FAIL_MS,
         ]
     }
 
@@ -71,12 +84,12 @@ pub fn partition(
                 .push(format!("listener wait across the partition: {:?}", r.err()));
         }
         1 => {
-            ctx.control.point_and_wait(step, "partitioned", deadline)?;
+            ctx.control.point_and_wait(step, PARTITIONED, deadline)?;
             let started = Instant::now();
             let r = initiate(ctx, step, 0, 0, connect_deadline);
             let failed = r.is_err();
-            m.insert(Metric::InitiatorConnectFailed, failed as u8 as f64);
-            m.insert(Metric::ConnectFailMs, started.elapsed().as_secs_f64() * 1e3);
+            m.insert(INITIATOR_CONNECT_FAILED, failed as u8 as f64);
+            m.insert(CONNECT_FAIL_MS, started.elapsed().as_secs_f64() * 1e3);
             report.notes.push(format!(
                 "initiator connect across the partition: {:?}",
                 r.err()

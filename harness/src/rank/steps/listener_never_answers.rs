@@ -3,6 +3,7 @@
 //! connect must fail within its connect deadline, with the typed error the case demands, every
 //! time (the Gloo review's 1a: the initiator's backstop).
 
+use super::support::{CASES, CASES_LATE, SLOWEST_CASE_MS};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
@@ -18,6 +19,10 @@ use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
+
+crate::declare_metrics! {
+    pub CASES_MISCLASSIFIED = "cases_misclassified", Count, Lower;
+}
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -52,7 +57,7 @@ enum Case {
     Close,
 }
 
-const CASES: [Case; 3] = [Case::Silent, Case::HalfAnswer, Case::Close];
+const PLAYED: [Case; 3] = [Case::Silent, Case::HalfAnswer, Case::Close];
 
 impl Case {
     /// Whether `e` is the failure this case must produce.
@@ -67,13 +72,20 @@ impl Case {
     }
 }
 
+/// The point its ranks report, where a scenario's fault may strike.
+const HELLO_READ: &str = "hello-read";
+
 impl StepSpec for ListenerNeverAnswers {
+    fn points(&self) -> Vec<String> {
+        vec![HELLO_READ.into()]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::Cases,
-            Metric::CasesMisclassified,
-            Metric::CasesLate,
-            Metric::SlowestCaseMs,
+            CASES,
+            CASES_MISCLASSIFIED,
+            CASES_LATE,
+            SLOWEST_CASE_MS,
         ]
     }
 
@@ -111,7 +123,7 @@ impl StepKind for ListenerNeverAnswers {
         let cases: &[Case] = if self.cut_link_after_hello {
             &[Case::Silent]
         } else {
-            &CASES
+            &PLAYED
         };
         for round in 0..self.rounds {
             for (i, case) in cases.iter().enumerate() {
@@ -122,7 +134,7 @@ impl StepKind for ListenerNeverAnswers {
                     if self.cut_link_after_hello {
                         // The coordinator's line runs on the control network, which the cut
                         // leaves alone: the release says the link is gone.
-                        ctx.control.point_and_wait(step, "hello-read", deadline)?;
+                        ctx.control.point_and_wait(step, HELLO_READ, deadline)?;
                     }
                     match case {
                         Case::Silent => {}
@@ -164,10 +176,10 @@ impl StepKind for ListenerNeverAnswers {
         }
         if ctx.rank == 1 {
             let m = &mut report.metrics;
-            m.insert(Metric::Cases, n as f64);
-            m.insert(Metric::CasesMisclassified, wrong as f64);
-            m.insert(Metric::CasesLate, late as f64);
-            m.insert(Metric::SlowestCaseMs, slowest);
+            m.insert(CASES, n as f64);
+            m.insert(CASES_MISCLASSIFIED, wrong as f64);
+            m.insert(CASES_LATE, late as f64);
+            m.insert(SLOWEST_CASE_MS, slowest);
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! counts at a cut only once the transport has read exactly the bytes up to it: the deadline
 //! then expired inside the frame, not before it.
 
+use super::support::{FRAMES_INTACT};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -20,6 +21,12 @@ use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
+
+crate::declare_metrics! {
+    pub FRAMES_LOST_AFTER_TIMEOUT = "frames_lost_after_timeout", Count, Lower;
+    pub MID_HEADER_TIMEOUTS = "mid_header_timeouts", Count, Neither;
+    pub MID_PAYLOAD_TIMEOUTS = "mid_payload_timeouts", Count, Neither;
+}
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -49,10 +56,10 @@ const PATIENCE: Duration = Duration::from_secs(5);
 impl StepSpec for MidFrameDeadlines {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::FramesIntact,
-            Metric::FramesLostAfterTimeout,
-            Metric::MidHeaderTimeouts,
-            Metric::MidPayloadTimeouts,
+            FRAMES_INTACT,
+            FRAMES_LOST_AFTER_TIMEOUT,
+            MID_HEADER_TIMEOUTS,
+            MID_PAYLOAD_TIMEOUTS,
         ]
     }
 
@@ -180,10 +187,10 @@ impl MidFrameDeadlines {
         conn.close()?;
         stop_peer(ctx, PATIENCE)?;
         let m = &mut report.metrics;
-        m.insert(Metric::FramesIntact, intact as f64);
-        m.insert(Metric::FramesLostAfterTimeout, lost as f64);
-        m.insert(Metric::MidHeaderTimeouts, in_header as f64);
-        m.insert(Metric::MidPayloadTimeouts, in_payload as f64);
+        m.insert(FRAMES_INTACT, intact as f64);
+        m.insert(FRAMES_LOST_AFTER_TIMEOUT, lost as f64);
+        m.insert(MID_HEADER_TIMEOUTS, in_header as f64);
+        m.insert(MID_PAYLOAD_TIMEOUTS, in_payload as f64);
         let stats = conn.read_stats();
         report.notes.push(format!(
             "{intact} frames whole after {in_header} deadlines inside a header and {in_payload} \

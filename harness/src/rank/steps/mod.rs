@@ -163,6 +163,9 @@ impl StepSpec for Step {
     fn uses_release(&self) -> bool {
         self.kind().uses_release()
     }
+    fn points(&self) -> Vec<String> {
+        self.kind().points()
+    }
 }
 
 impl Step {

@@ -1,5 +1,6 @@
 //! peer-death: rank `victim` streams to rank 0 and reports the point `mid-stream`, where faults strike; rank 0 must see the death within `detect_timeout`.
 
+use super::support::{DETECT_MS, SURVIVOR_DETECTED};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -23,9 +24,16 @@ pub struct PeerDeath {
     pub deadline: Dur,
 }
 
+/// The point its ranks report, where a scenario's fault may strike.
+const MID_STREAM: &str = "mid-stream";
+
 impl StepSpec for PeerDeath {
+    fn points(&self) -> Vec<String> {
+        vec![MID_STREAM.into()]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
-        &[Metric::SurvivorDetected, Metric::DetectMs]
+        &[SURVIVOR_DETECTED, DETECT_MS]
     }
 
     fn deadline(&self) -> Duration {
@@ -74,7 +82,7 @@ pub fn peer_death(
             for _ in 0..frames_before_fault {
                 conn.send(&payload, deadline)?;
             }
-            ctx.control.point(step, "mid-stream")?;
+            ctx.control.point(step, MID_STREAM)?;
             // Keep streaming until the fault strikes (or the peer gives up on us).
             while Instant::now() < end {
                 if conn.send(&payload, detect_timeout).is_err() {
@@ -100,8 +108,8 @@ pub fn peer_death(
                 }
             };
             let detect_ms = last_ok.elapsed().as_secs_f64() * 1e3;
-            report.metrics.insert(Metric::SurvivorDetected, 1.0);
-            report.metrics.insert(Metric::DetectMs, detect_ms);
+            report.metrics.insert(SURVIVOR_DETECTED, 1.0);
+            report.metrics.insert(DETECT_MS, detect_ms);
             report.notes.push(format!("rank 0 received {frames} frames, then: {error} ({detect_ms:.1} ms after the last frame)"));
         }
         _ => {}

@@ -1,5 +1,6 @@
 //! pingpong: full-mesh ping-pong with data verification at every size.
 
+use super::support::{DATA_MISMATCHES};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,10 @@ use crate::model::duration::Dur;
 use crate::model::metric::{Metric, Series};
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub PAIRS_VERIFIED = "pairs_verified", Count, Neither;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pingpong {
@@ -24,9 +29,16 @@ pub struct Pingpong {
     pub deadline: Dur,
 }
 
+/// The point its ranks report, where a scenario's fault may strike.
+const MESH_READY: &str = "mesh-ready";
+
 impl StepSpec for Pingpong {
+    fn points(&self) -> Vec<String> {
+        vec![MESH_READY.into()]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
-        &[Metric::PairsVerified, Metric::DataMismatches]
+        &[PAIRS_VERIFIED, DATA_MISMATCHES]
     }
 
     fn series(&self) -> &'static [Series] {
@@ -65,7 +77,7 @@ pub fn run(
 ) -> Result<()> {
     let conns = mesh(ctx, step, deadline)?;
     // Faults that shape the data phase (a rate limit) strike here, before any data moves.
-    ctx.control.point_and_wait(step, "mesh-ready", deadline)?;
+    ctx.control.point_and_wait(step, MESH_READY, deadline)?;
     let mut samples: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     let (mut pairs_verified, mut mismatches) = (0u32, 0u32);
     for partner in schedule(ctx.rank, ctx.ranks) {
@@ -108,10 +120,10 @@ pub fn run(
     }
     report
         .metrics
-        .insert(Metric::PairsVerified, pairs_verified as f64);
+        .insert(PAIRS_VERIFIED, pairs_verified as f64);
     report
         .metrics
-        .insert(Metric::DataMismatches, mismatches as f64);
+        .insert(DATA_MISMATCHES, mismatches as f64);
     for (size, v) in samples {
         report.sample(Series::Latency, size as u64, v);
     }

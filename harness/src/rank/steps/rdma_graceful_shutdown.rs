@@ -1,5 +1,6 @@
 //! rdma-graceful-shutdown: rank 0 runs the DAQIRI-shaped RDMA server (worker per connection, stats thread); rank 1 connects, exchanges `messages` and disconnects, `connections` times; then the server shuts down gracefully.
 
+use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_DATA_MISMATCHES, RDMA_SHUTDOWN_MS};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,15 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub RDMA_CONNECTIONS_SERVED = "rdma_connections_served", Count, Neither;
+    pub RDMA_WORKERS_JOINED = "rdma_workers_joined", Count, Neither;
+    pub RDMA_POOL_LEAKED = "rdma_pool_leaked", Count, Lower;
+    pub RDMA_STATS_SAMPLES = "rdma_stats_samples", Count, Neither;
+    pub RDMA_STATS_MAX_LOCK_WAIT_MS = "rdma_stats_max_lock_wait_ms", Milliseconds, Lower;
+    pub RDMA_WORKER_EXIT_MS = "rdma_worker_exit_ms", Milliseconds, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaGracefulShutdown {
@@ -33,15 +43,15 @@ pub struct RdmaGracefulShutdown {
 impl StepSpec for RdmaGracefulShutdown {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::RdmaConnectionsServed,
-            Metric::RdmaWorkersJoined,
-            Metric::RdmaPoolLeaked,
-            Metric::RdmaShutdownMs,
-            Metric::RdmaStatsSamples,
-            Metric::RdmaDataMismatches,
-            Metric::RdmaCompletionErrors,
-            Metric::RdmaStatsMaxLockWaitMs,
-            Metric::RdmaWorkerExitMs,
+            RDMA_CONNECTIONS_SERVED,
+            RDMA_WORKERS_JOINED,
+            RDMA_POOL_LEAKED,
+            RDMA_SHUTDOWN_MS,
+            RDMA_STATS_SAMPLES,
+            RDMA_DATA_MISMATCHES,
+            RDMA_COMPLETION_ERRORS,
+            RDMA_STATS_MAX_LOCK_WAIT_MS,
+            RDMA_WORKER_EXIT_MS,
         ]
     }
 
@@ -98,20 +108,20 @@ pub fn graceful_shutdown(
         let stats = server.shutdown();
         let m = &mut report.metrics;
         m.insert(
-            Metric::RdmaShutdownMs,
+            RDMA_SHUTDOWN_MS,
             started.elapsed().as_secs_f64() * 1e3,
         );
-        m.insert(Metric::RdmaConnectionsServed, served.len() as f64);
-        m.insert(Metric::RdmaWorkersJoined, stats.workers_joined as f64);
-        m.insert(Metric::RdmaPoolLeaked, (pool - stats.pool_free) as f64);
-        m.insert(Metric::RdmaStatsSamples, stats.stats_samples as f64);
-        m.insert(Metric::RdmaCompletionErrors, stats.completion_errors as f64);
+        m.insert(RDMA_CONNECTIONS_SERVED, served.len() as f64);
+        m.insert(RDMA_WORKERS_JOINED, stats.workers_joined as f64);
+        m.insert(RDMA_POOL_LEAKED, (pool - stats.pool_free) as f64);
+        m.insert(RDMA_STATS_SAMPLES, stats.stats_samples as f64);
+        m.insert(RDMA_COMPLETION_ERRORS, stats.completion_errors as f64);
         m.insert(
-            Metric::RdmaStatsMaxLockWaitMs,
+            RDMA_STATS_MAX_LOCK_WAIT_MS,
             stats.stats_max_lock_wait.as_secs_f64() * 1e3,
         );
         m.insert(
-            Metric::RdmaWorkerExitMs,
+            RDMA_WORKER_EXIT_MS,
             stats.max_worker_exit.as_secs_f64() * 1e3,
         );
         report.notes.push(format!(
@@ -132,7 +142,7 @@ pub fn graceful_shutdown(
         }
         report
             .metrics
-            .insert(Metric::RdmaDataMismatches, mismatches as f64);
+            .insert(RDMA_DATA_MISMATCHES, mismatches as f64);
         ctx.pair_barrier(step, "clients-done", deadline)?;
     }
     Ok(())

@@ -17,6 +17,11 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub RDMA_INTERFACES_SERVED = "rdma_interfaces_served", Count, Neither;
+    pub RDMA_INTERFACE_MISMATCHES = "rdma_interface_mismatches", Count, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaInterfaceIndex {
@@ -26,8 +31,8 @@ pub struct RdmaInterfaceIndex {
 impl StepSpec for RdmaInterfaceIndex {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::RdmaInterfacesServed,
-            Metric::RdmaInterfaceMismatches,
+            RDMA_INTERFACES_SERVED,
+            RDMA_INTERFACE_MISMATCHES,
         ]
     }
 
@@ -87,10 +92,10 @@ pub fn interface_index(
             served.iter().map(|s| s.interface).collect();
         report
             .metrics
-            .insert(Metric::RdmaInterfacesServed, distinct.len() as f64);
+            .insert(RDMA_INTERFACES_SERVED, distinct.len() as f64);
         report
             .metrics
-            .insert(Metric::RdmaInterfaceMismatches, mismatches as f64);
+            .insert(RDMA_INTERFACE_MISMATCHES, mismatches as f64);
         server.shutdown();
     } else {
         ctx.pair_barrier(step, "listening", deadline)?;

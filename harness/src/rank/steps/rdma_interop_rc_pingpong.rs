@@ -1,5 +1,6 @@
 //! rdma-interop-rc-pingpong: rank 0 plays ping-pong with rdma-core's `ibv_rc_pingpong` on this host, in both roles, speaking its out-of-band exchange.
 
+use super::rdma_support::{RDMA_COMPLETION_ERRORS};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -15,6 +16,11 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub INTEROP_AS_CLIENT = "interop_as_client", Flag, Neither;
+    pub INTEROP_AS_SERVER = "interop_as_server", Flag, Neither;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaInteropRcPingpong {
@@ -26,9 +32,9 @@ pub struct RdmaInteropRcPingpong {
 impl StepSpec for RdmaInteropRcPingpong {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::InteropAsClient,
-            Metric::InteropAsServer,
-            Metric::RdmaCompletionErrors,
+            INTEROP_AS_CLIENT,
+            INTEROP_AS_SERVER,
+            RDMA_COMPLETION_ERRORS,
         ]
     }
 
@@ -141,14 +147,14 @@ pub fn interop(
             )),
         }
         let metric = if role == "client" {
-            Metric::InteropAsClient
+            INTEROP_AS_CLIENT
         } else {
-            Metric::InteropAsServer
+            INTEROP_AS_SERVER
         };
         report.metrics.insert(metric, ok as u8 as f64);
     }
     report
         .metrics
-        .insert(Metric::RdmaCompletionErrors, errors as f64);
+        .insert(RDMA_COMPLETION_ERRORS, errors as f64);
     Ok(())
 }

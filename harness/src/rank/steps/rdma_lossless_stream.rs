@@ -1,5 +1,6 @@
 //! rdma-lossless-stream: rank 1 SENDs `messages` messages of `size` bytes to rank 0, which counts and checks them.
 
+use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_TX_MESSAGES, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -16,6 +17,11 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub RDMA_RX_BYTES = "rdma_rx_bytes", Bytes, Neither;
+    pub RDMA_DROPPED = "rdma_dropped", Count, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaLosslessStream {
@@ -27,12 +33,12 @@ pub struct RdmaLosslessStream {
 impl StepSpec for RdmaLosslessStream {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::RdmaTxMessages,
-            Metric::RdmaRxMessages,
-            Metric::RdmaRxBytes,
-            Metric::RdmaDropped,
-            Metric::RdmaCompletionErrors,
-            Metric::RetryExcErr,
+            RDMA_TX_MESSAGES,
+            RDMA_RX_MESSAGES,
+            RDMA_RX_BYTES,
+            RDMA_DROPPED,
+            RDMA_COMPLETION_ERRORS,
+            RETRY_EXC_ERR,
         ]
     }
 
@@ -74,7 +80,7 @@ pub fn stream(
             )?;
             sent += 1;
         }
-        report.metrics.insert(Metric::RdmaTxMessages, sent as f64);
+        report.metrics.insert(RDMA_TX_MESSAGES, sent as f64);
     } else {
         let (mut received, mut bytes, mut corrupt) = (0u32, 0u64, 0u32);
         while received < messages {
@@ -93,11 +99,11 @@ pub fn stream(
         }
         report
             .metrics
-            .insert(Metric::RdmaRxMessages, received as f64);
-        report.metrics.insert(Metric::RdmaRxBytes, bytes as f64);
+            .insert(RDMA_RX_MESSAGES, received as f64);
+        report.metrics.insert(RDMA_RX_BYTES, bytes as f64);
         report
             .metrics
-            .insert(Metric::RdmaDropped, (messages - received + corrupt) as f64);
+            .insert(RDMA_DROPPED, (messages - received + corrupt) as f64);
     }
     counts_into(&c, report);
     ctx.pair_barrier(step, "done", deadline)?;

@@ -1,5 +1,6 @@
 //! rdma-peer-death: rank 1 streams SENDs to rank 0 and reports `mid-stream` (where faults strike); rank 0 must see the death within `detect_timeout`.
 
+use super::support::{DETECT_MS, SURVIVOR_DETECTED};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -23,9 +24,16 @@ pub struct RdmaPeerDeath {
     pub deadline: Dur,
 }
 
+/// The point its ranks report, where a scenario's fault may strike.
+const MID_STREAM: &str = "mid-stream";
+
 impl StepSpec for RdmaPeerDeath {
+    fn points(&self) -> Vec<String> {
+        vec![MID_STREAM.into()]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
-        &[Metric::SurvivorDetected, Metric::DetectMs]
+        &[SURVIVOR_DETECTED, DETECT_MS]
     }
 
     fn deadline(&self) -> Duration {
@@ -67,7 +75,7 @@ pub fn peer_death(
         for _ in 0..frames_before_fault {
             c.send(&payload, deadline)?;
         }
-        ctx.control.point(step, "mid-stream")?;
+        ctx.control.point(step, MID_STREAM)?;
         let end = Instant::now() + deadline;
         while Instant::now() < end {
             if c.send(&payload, detect_timeout).is_err() {
@@ -88,8 +96,8 @@ pub fn peer_death(
         }
     };
     let detect_ms = last.elapsed().as_secs_f64() * 1e3;
-    report.metrics.insert(Metric::SurvivorDetected, 1.0);
-    report.metrics.insert(Metric::DetectMs, detect_ms);
+    report.metrics.insert(SURVIVOR_DETECTED, 1.0);
+    report.metrics.insert(DETECT_MS, detect_ms);
     let how = match error {
         RdmaError::Disconnected => "rdma_cm DISCONNECTED".to_string(),
         e => e.to_string(),

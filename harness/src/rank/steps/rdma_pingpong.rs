@@ -1,5 +1,6 @@
 //! rdma-pingpong: RC over rdma_cm between rank 0 (server) and rank 1: SEND ping-pong, then WRITE with immediate ping-pong, then WRITE into registered regions, at every size, every byte checked.
 
+use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_DATA_MISMATCHES, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -16,6 +17,10 @@ use crate::model::duration::Dur;
 use crate::model::metric::{Metric, Series};
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub RDMA_MESSAGES = "rdma_messages", Count, Neither;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaPingpong {
@@ -27,10 +32,10 @@ pub struct RdmaPingpong {
 impl StepSpec for RdmaPingpong {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::RdmaMessages,
-            Metric::RdmaDataMismatches,
-            Metric::RdmaCompletionErrors,
-            Metric::RetryExcErr,
+            RDMA_MESSAGES,
+            RDMA_DATA_MISMATCHES,
+            RDMA_COMPLETION_ERRORS,
+            RETRY_EXC_ERR,
         ]
     }
 
@@ -122,10 +127,10 @@ pub fn pingpong(
     let (m, bad) = region_pingpong(ctx, &mut c, sizes, iterations, deadline, report)?;
     messages += m;
     mismatches += bad;
-    report.metrics.insert(Metric::RdmaMessages, messages as f64);
+    report.metrics.insert(RDMA_MESSAGES, messages as f64);
     report
         .metrics
-        .insert(Metric::RdmaDataMismatches, mismatches as f64);
+        .insert(RDMA_DATA_MISMATCHES, mismatches as f64);
     counts_into(&c, report);
     ctx.pair_barrier(step, "done", deadline)?;
     Ok(())

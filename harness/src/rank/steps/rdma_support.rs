@@ -10,9 +10,17 @@ use transport::rdma::rc::WcStatus;
 use transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions};
 use transport::rdma::server::RdmaServer;
 
-use crate::model::metric::Metric;
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
+
+crate::declare_metrics! {
+    pub RDMA_DATA_MISMATCHES = "rdma_data_mismatches", Count, Lower;
+    pub RDMA_COMPLETION_ERRORS = "rdma_completion_errors", Count, Lower;
+    pub RETRY_EXC_ERR = "retry_exc_err", Count, Lower;
+    pub RDMA_TX_MESSAGES = "rdma_tx_messages", Count, Neither;
+    pub RDMA_RX_MESSAGES = "rdma_rx_messages", Count, Neither;
+    pub RDMA_SHUTDOWN_MS = "rdma_shutdown_ms", Milliseconds, Lower;
+}
 
 /// The device, port and GID index behind this host's first active RoCE v2 IPv4 GID.
 pub fn local_gid() -> Option<(String, u8, u32)> {
@@ -108,11 +116,10 @@ pub(super) fn pair(ctx: &Ctx, step: usize, max: u32, deadline: Duration) -> Resu
 pub(super) fn counts_into(c: &RcConnection, report: &mut StepReport) {
     report
         .metrics
-        .insert(Metric::RdmaCompletionErrors, c.counts().errors() as f64);
-    report.metrics.insert(
-        Metric::RetryExcErr,
-        c.counts().get(WcStatus::RetryExcErr) as f64,
-    );
+        .insert(RDMA_COMPLETION_ERRORS, c.counts().errors() as f64);
+    report
+        .metrics
+        .insert(RETRY_EXC_ERR, c.counts().get(WcStatus::RetryExcErr) as f64);
     report
         .notes
         .push(format!("rank completions by status: {:?}", c.counts().0));

@@ -1,5 +1,6 @@
 //! rdma-xhost-send: DAQIRI #113 across hosts: rank 0 runs the RDMA server for `server_seconds`, rank 1 (on the other host) SENDs `messages` and receives every echo; then the server's timer ends it.
 
+use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_SHUTDOWN_MS, RDMA_TX_MESSAGES, RETRY_EXC_ERR};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,10 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub RDMA_ECHOES = "rdma_echoes", Count, Neither;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaXhostSend {
@@ -30,12 +35,12 @@ pub struct RdmaXhostSend {
 impl StepSpec for RdmaXhostSend {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::RdmaTxMessages,
-            Metric::RdmaRxMessages,
-            Metric::RdmaEchoes,
-            Metric::RetryExcErr,
-            Metric::RdmaShutdownMs,
-            Metric::RdmaCompletionErrors,
+            RDMA_TX_MESSAGES,
+            RDMA_RX_MESSAGES,
+            RDMA_ECHOES,
+            RETRY_EXC_ERR,
+            RDMA_SHUTDOWN_MS,
+            RDMA_COMPLETION_ERRORS,
         ]
     }
 
@@ -98,14 +103,14 @@ pub fn xhost_send(
         let (stats, served) = server.shutdown_and_served();
         report
             .metrics
-            .insert(Metric::RdmaShutdownMs, t.elapsed().as_secs_f64() * 1e3);
+            .insert(RDMA_SHUTDOWN_MS, t.elapsed().as_secs_f64() * 1e3);
         report.metrics.insert(
-            Metric::RdmaRxMessages,
+            RDMA_RX_MESSAGES,
             served.iter().map(|s| s.messages).sum::<u64>() as f64,
         );
         report
             .metrics
-            .insert(Metric::RdmaCompletionErrors, stats.completion_errors as f64);
+            .insert(RDMA_COMPLETION_ERRORS, stats.completion_errors as f64);
         report
             .notes
             .push(format!("server on {server_ip}: {stats:?}"));
@@ -122,10 +127,10 @@ pub fn xhost_send(
                 echoes += 1;
             }
         }
-        report.metrics.insert(Metric::RdmaTxMessages, sent as f64);
-        report.metrics.insert(Metric::RdmaEchoes, echoes as f64);
+        report.metrics.insert(RDMA_TX_MESSAGES, sent as f64);
+        report.metrics.insert(RDMA_ECHOES, echoes as f64);
         report.metrics.insert(
-            Metric::RetryExcErr,
+            RETRY_EXC_ERR,
             conn.counts().get(WcStatus::RetryExcErr) as f64,
         );
         report.notes.push(format!(

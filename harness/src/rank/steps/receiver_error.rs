@@ -19,6 +19,11 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub SEND_SAW_RECEIVER_ERROR = "send_saw_receiver_error", Flag, Neither;
+    pub FLUSH_SAW_RECEIVER_ERROR = "flush_saw_receiver_error", Flag, Neither;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReceiverError {
@@ -27,7 +32,7 @@ pub struct ReceiverError {
 
 impl StepSpec for ReceiverError {
     fn metrics(&self) -> &'static [Metric] {
-        &[Metric::SendSawReceiverError, Metric::FlushSawReceiverError]
+        &[SEND_SAW_RECEIVER_ERROR, FLUSH_SAW_RECEIVER_ERROR]
     }
 
     fn deadline(&self) -> Duration {
@@ -64,10 +69,10 @@ pub fn receiver_error(
             let saw = |r: &transport::Result<()>| matches!(r, Err(Error::Receiver(_))) as u8 as f64;
             report
                 .metrics
-                .insert(Metric::SendSawReceiverError, saw(&send));
+                .insert(SEND_SAW_RECEIVER_ERROR, saw(&send));
             report
                 .metrics
-                .insert(Metric::FlushSawReceiverError, saw(&flush));
+                .insert(FLUSH_SAW_RECEIVER_ERROR, saw(&flush));
             report
                 .notes
                 .push(format!("receiver ended: {:?}", conn.terminal()));

@@ -10,6 +10,22 @@ use transport::{connect, ConnectOptions, Connection, Hello};
 
 use crate::rank::context::Ctx;
 
+crate::declare_metrics! {
+    pub CYCLES = "cycles", Count, Neither;
+    pub SHUTDOWN_P99_MS = "shutdown_p99_ms", Milliseconds, Lower;
+    pub FD_DELTA = "fd_delta", Count, Lower;
+    pub THREAD_DELTA = "thread_delta", Count, Lower;
+    pub FRAMES_INTACT = "frames_intact", Count, Neither;
+    pub SURVIVOR_DETECTED = "survivor_detected", Flag, Neither;
+    pub DETECT_MS = "detect_ms", Milliseconds, Lower;
+    pub LISTENER_TIMEOUT_FIRED = "listener_timeout_fired", Flag, Neither;
+    pub LISTENER_TIMEOUT_MS = "listener_timeout_ms", Milliseconds, Lower;
+    pub DATA_MISMATCHES = "data_mismatches", Count, Lower;
+    pub CASES = "cases", Count, Neither;
+    pub CASES_LATE = "cases_late", Count, Lower;
+    pub SLOWEST_CASE_MS = "slowest_case_ms", Milliseconds, Lower;
+}
+
 /// The largest message a step may size: a buffer this big is allocated per message.
 pub const MAX_MESSAGE: u32 = 16 << 20;
 /// The most round trips, messages or cycles one step may ask for: each is real work, and a

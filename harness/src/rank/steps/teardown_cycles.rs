@@ -1,5 +1,6 @@
 //! teardown-cycles: rank 1 connects to rank 0, both receivers block, rank 0 tears down; `cycles` times (the MSCCL++ validation across two processes).
 
+use super::support::{CYCLES, FD_DELTA, SHUTDOWN_P99_MS, THREAD_DELTA};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -16,6 +17,12 @@ use crate::model::duration::Dur;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
+crate::declare_metrics! {
+    pub SHUTDOWN_P50_MS = "shutdown_p50_ms", Milliseconds, Lower;
+    pub EBADF = "ebadf", Count, Lower;
+    pub CLOSER_NOT_LOCAL_SHUTDOWN = "closer_not_local_shutdown", Count, Lower;
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TeardownCycles {
@@ -26,13 +33,13 @@ pub struct TeardownCycles {
 impl StepSpec for TeardownCycles {
     fn metrics(&self) -> &'static [Metric] {
         &[
-            Metric::Cycles,
-            Metric::ShutdownP50Ms,
-            Metric::ShutdownP99Ms,
-            Metric::Ebadf,
-            Metric::FdDelta,
-            Metric::ThreadDelta,
-            Metric::CloserNotLocalShutdown,
+            CYCLES,
+            SHUTDOWN_P50_MS,
+            SHUTDOWN_P99_MS,
+            EBADF,
+            FD_DELTA,
+            THREAD_DELTA,
+            CLOSER_NOT_LOCAL_SHUTDOWN,
         ]
     }
 
@@ -124,14 +131,14 @@ pub fn run(
     }
     let (fd_delta, thread_delta) = settle(fds_before, threads_before, Duration::from_secs(2));
     let m = &mut report.metrics;
-    m.insert(Metric::Cycles, done as f64);
-    m.insert(Metric::ShutdownP50Ms, percentile(&shutdown_ms, 50.0));
-    m.insert(Metric::ShutdownP99Ms, percentile(&shutdown_ms, 99.0));
-    m.insert(Metric::Ebadf, ebadf as f64);
-    m.insert(Metric::FdDelta, fd_delta);
-    m.insert(Metric::ThreadDelta, thread_delta);
+    m.insert(CYCLES, done as f64);
+    m.insert(SHUTDOWN_P50_MS, percentile(&shutdown_ms, 50.0));
+    m.insert(SHUTDOWN_P99_MS, percentile(&shutdown_ms, 99.0));
+    m.insert(EBADF, ebadf as f64);
+    m.insert(FD_DELTA, fd_delta);
+    m.insert(THREAD_DELTA, thread_delta);
     if ctx.rank == 0 {
-        m.insert(Metric::CloserNotLocalShutdown, not_local as f64);
+        m.insert(CLOSER_NOT_LOCAL_SHUTDOWN, not_local as f64);
     }
     report.notes.push(format!(
         "rank {}: {done} cycles, max shutdown {:.3} ms",

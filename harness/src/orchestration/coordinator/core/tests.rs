@@ -3,9 +3,11 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::*;
-use crate::model::metric::Metric;
 
 const MS: Duration = Duration::from_millis(1);
+crate::declare_metrics! {
+    TEST_PAIRS = "test_core_pairs", Count, Neither;
+}
 
 fn fault(rank: u32, at: &str, action: FaultAction) -> Fault {
     Fault {
@@ -776,12 +778,12 @@ fn reports_are_kept_per_rank() {
     let mut h = Harness::new(config(2));
     h.join_all(2);
     let mut r = StepReport::new(0);
-    r.metrics.insert(Metric::PairsVerified, 1.0);
+    r.metrics.insert(TEST_PAIRS, 1.0);
     h.msg(1, RankMsg::StepResult(r));
     let o = h.outcome();
     assert_eq!(o.reports.len(), 1);
     assert_eq!(o.reports[0].0, 1);
-    assert_eq!(o.reports[0].1.metrics[&Metric::PairsVerified], 1.0);
+    assert_eq!(o.reports[0].1.metrics[&TEST_PAIRS], 1.0);
 }
 
 #[test]

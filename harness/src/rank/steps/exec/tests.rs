@@ -123,7 +123,7 @@ fn detection_and_exit_are_timed_from_the_victims_fault_per_survivor() {
     client.exit_us = Some(2_007_500);
     let r = judge(&[server, client]);
     assert_eq!(r.failures, Vec::<String>::new());
-    assert_eq!(r.metrics, vec![(Metric::DetectMs, 6.0), (Metric::ExitMs, 7.5)]);
+    assert_eq!(r.metrics, vec![(DETECT_MS, 6.0), (super::EXIT_MS, 7.5)]);
     assert!(r.notes.iter().any(|n| n.contains("rank 1 (client)") && n.contains("detect_ms 6.0 ms")));
 }
 
@@ -183,7 +183,7 @@ fn a_scenario_fault_on_another_host_times_the_survivors_too() {
     }];
     let r = reconcile(&parse(PAIR), &pairs, &struck);
     assert_eq!(r.failures, Vec::<String>::new());
-    assert_eq!(r.metrics, vec![(Metric::DetectMs, 40.0), (Metric::ExitMs, 50.0)]);
+    assert_eq!(r.metrics, vec![(DETECT_MS, 40.0), (super::EXIT_MS, 50.0)]);
     assert!(r.notes[0].contains("after the HostKill of rank 0"), "{:?}", r.notes);
 }
 
@@ -229,7 +229,7 @@ fn a_departure_is_the_fault_its_peers_are_timed_from() {
     client.exit_us = Some(3_260_000);
     let r = judge(&[leaver, client]);
     assert_eq!(r.failures, Vec::<String>::new());
-    assert_eq!(r.metrics, vec![(Metric::DetectMs, 250.0), (Metric::ExitMs, 260.0)]);
+    assert_eq!(r.metrics, vec![(DETECT_MS, 250.0), (super::EXIT_MS, 260.0)]);
     assert!(r.notes.iter().any(|n| n.contains("rank 0 (server): left on purpose")), "{:?}", r.notes);
     assert!(r.notes.iter().any(|n| n.contains("after the exit of rank 0")), "{:?}", r.notes);
 }
