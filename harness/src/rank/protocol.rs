@@ -79,9 +79,10 @@ pub struct StepReport {
     #[serde(default)]
     pub notes: Vec<String>,
     /// Per-attempt outcomes, for steps whose verdict needs both sides (see
-    /// `StepKind::reconcile`).
+    /// `StepKind::reconcile`): each a value of the kind's own outcome type (see
+    /// [`StepReport::outcome`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub outcomes: Vec<String>,
+    pub outcomes: Vec<serde_json::Value>,
 }
 
 impl StepReport {
@@ -96,6 +97,26 @@ impl StepReport {
     pub fn sample(&mut self, series: Series, size: u64, values: Vec<f64>) {
         let key = SampleKey { series, size };
         self.samples.entry(key).or_default().extend(values);
+    }
+
+    /// Record one outcome of the step kind's own type.
+    pub fn outcome<T: Serialize>(&mut self, outcome: &T) -> serde_json::Result<()> {
+        self.outcomes.push(serde_json::to_value(outcome)?);
+        Ok(())
+    }
+
+    /// Every outcome, read back as the kind's type; one that does not read is an error that
+    /// names it (never dropped, or an attempt would go uncounted).
+    pub fn outcomes<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, String> {
+        self.outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                T::deserialize(v).map_err(|e| {
+                    format!("step {}'s outcome {i} does not read: {e}: {v}", self.step)
+                })
+            })
+            .collect()
     }
 
     /// Every metric and series recorded must be one the step kind declared: evidence nobody

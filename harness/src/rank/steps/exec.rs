@@ -721,7 +721,7 @@ impl StepKind for Exec {
         for (metric, value) in &watch.metrics {
             report.metrics.insert(*metric, *value);
         }
-        report.outcomes.push(serde_json::to_string(&watch.record)?);
+        report.outcome(&watch.record)?;
         Ok(())
     }
 
@@ -1080,11 +1080,13 @@ fn first_fault(records: &[Record], faults: &[StruckFault]) -> Option<(u32, Strin
 
 fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -> Reconciled {
     let mut out = Reconciled::default();
-    let records: Vec<Record> = reports
-        .iter()
-        .flat_map(|(_, r)| r.outcomes.iter())
-        .filter_map(|o| serde_json::from_str(o).ok())
-        .collect();
+    let mut records: Vec<Record> = vec![];
+    for (rank, r) in reports {
+        match r.outcomes::<Record>() {
+            Ok(mine) => records.extend(mine),
+            Err(e) => out.failures.push(format!("rank {rank}: {e}")),
+        }
+    }
     if records.is_empty() {
         return out;
     }

@@ -42,11 +42,34 @@ const MAX_ATTEMPTS: u32 = 5000;
 /// generous, so a slow machine is never mistaken for silence.
 const PROOF_LIMIT: Duration = Duration::from_secs(20);
 
-const CONNECTED: &str = "connected";
-const TIMED_OUT: &str = "timed-out";
-const REFUSED: &str = "refused";
-const CLOSED: &str = "closed";
-const SILENT: &str = "silent";
+/// What one side saw of one attempt: this kind's outcome, sent to the coordinator as data.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "outcome", rename_all = "kebab-case")]
+enum Seen {
+    /// The connection arrived (the listener) or was accepted (the initiator), and a frame
+    /// crossed it.
+    Connected,
+    /// The listener's wait ran out first.
+    TimedOut,
+    /// The listener refused the initiator's connect.
+    Refused,
+    /// The initiator's connection was closed under it.
+    Closed { error: String },
+    /// Neither refused nor closed: the side was left without an answer.
+    Silent { error: String },
+}
+
+impl std::fmt::Display for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seen::Connected => f.write_str("connected"),
+            Seen::TimedOut => f.write_str("timed-out"),
+            Seen::Refused => f.write_str("refused"),
+            Seen::Closed { error } => write!(f, "closed: {error}"),
+            Seen::Silent { error } => write!(f, "silent: {error}"),
+        }
+    }
+}
 
 impl StepSpec for LazyConnectDeadlineRace {
     fn metrics(&self) -> &'static [Metric] {
@@ -94,10 +117,12 @@ impl StepKind for LazyConnectDeadlineRace {
                 match ctx.listener.wait_for(sequence, wait) {
                     // The initiator proves the connection works from its side too.
                     Ok(conn) => match conn.recv(PROOF_LIMIT) {
-                        Ok(_) => CONNECTED.to_string(),
-                        Err(e) => format!("{SILENT}: {e}"),
+                        Ok(_) => Seen::Connected,
+                        Err(e) => Seen::Silent {
+                            error: e.to_string(),
+                        },
                     },
-                    Err(Error::Timeout { .. }) => TIMED_OUT.to_string(),
+                    Err(Error::Timeout { .. }) => Seen::TimedOut,
                     Err(e) => return Err(e.into()),
                 }
             } else {
@@ -111,7 +136,7 @@ impl StepKind for LazyConnectDeadlineRace {
                 std::thread::sleep(Duration::from_micros(at.max(0) as u64));
                 initiate(ctx, sequence, PROOF_LIMIT)
             };
-            report.outcomes.push(outcome);
+            report.outcome(&outcome)?;
         }
         // The listener must outlive the last attempt: without this, rank 0 could finish (and
         // close its listener) while rank 1's last connect is still on its way, which reads as
@@ -121,26 +146,34 @@ impl StepKind for LazyConnectDeadlineRace {
     }
 
     fn reconcile(&self, reports: &[(u32, &StepReport)], _: &[StruckFault]) -> Reconciled {
-        let side = |rank: u32| reports.iter().find(|(r, _)| *r == rank).map(|(_, s)| &s.outcomes);
-        let (Some(listener), Some(initiator)) = (side(0), side(1)) else {
+        let side = |rank: u32| {
+            reports
+                .iter()
+                .find(|(r, _)| *r == rank)
+                .map(|(_, s)| s.outcomes::<Seen>())
+        };
+        let (listener, initiator) = match (side(0), side(1)) {
+            (Some(Ok(l)), Some(Ok(i))) => (l, i),
+            (Some(Err(e)), _) | (_, Some(Err(e))) => {
+                return Reconciled {
+                    failures: vec![e],
+                    ..Reconciled::default()
+                }
+            }
             // A side without evidence is judged as missing evidence by the verdict.
-            return Reconciled::default();
+            _ => return Reconciled::default(),
         };
         let attempts = listener.len().max(initiator.len());
         let (mut both, mut neither, mut disagree) = (0, 0, 0);
         let mut notes = vec![];
         for i in 0..attempts {
-            // Outcomes may carry details after a colon; the kind is what counts.
-            let kind = |s: &String| s.split(':').next().unwrap_or("").to_string();
-            let l = listener.get(i).map(kind);
-            let r = initiator.get(i).map(kind);
-            match (l.as_deref(), r.as_deref()) {
-                (Some(CONNECTED), Some(CONNECTED)) => both += 1,
-                (Some(TIMED_OUT), Some(REFUSED | CLOSED)) => neither += 1,
+            match (listener.get(i), initiator.get(i)) {
+                (Some(Seen::Connected), Some(Seen::Connected)) => both += 1,
+                (Some(Seen::TimedOut), Some(Seen::Refused | Seen::Closed { .. })) => neither += 1,
                 _ => {
                     disagree += 1;
                     if notes.len() < 10 {
-                        let full = |o: Option<&String>| o.cloned().unwrap_or("nothing".into());
+                        let full = |o: Option<&Seen>| o.map_or("nothing".into(), |s| s.to_string());
                         notes.push(format!(
                             "attempt {i}: the listener saw {}, the initiator {}",
                             full(listener.get(i)),
@@ -165,15 +198,21 @@ impl StepKind for LazyConnectDeadlineRace {
 }
 
 /// Rank 1's side of one attempt: connect, and prove the connection with one frame.
-fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> String {
+fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> Seen {
     match connect_within(ctx, ctx.peers[0].transport, sequence, limit) {
         Ok(conn) => match conn.send(b"attempt", limit) {
-            Ok(()) => CONNECTED.into(),
-            Err(e) => format!("{CLOSED}: {e}"),
+            Ok(()) => Seen::Connected,
+            Err(e) => Seen::Closed {
+                error: e.to_string(),
+            },
         },
-        Err(Error::Rejected(_)) => REFUSED.into(),
-        Err(e @ (Error::Handshake { .. } | Error::PeerClosed)) => format!("{CLOSED}: {e}"),
-        Err(e) => format!("{SILENT}: {e}"),
+        Err(Error::Rejected(_)) => Seen::Refused,
+        Err(e @ (Error::Handshake { .. } | Error::PeerClosed)) => Seen::Closed {
+            error: e.to_string(),
+        },
+        Err(e) => Seen::Silent {
+            error: e.to_string(),
+        },
     }
 }
 
@@ -181,10 +220,17 @@ fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> String {
 mod tests {
     use super::*;
 
-    fn report(outcomes: &[&str]) -> StepReport {
-        StepReport {
-            outcomes: outcomes.iter().map(|s| s.to_string()).collect(),
-            ..StepReport::default()
+    fn report(outcomes: &[Seen]) -> StepReport {
+        let mut r = StepReport::default();
+        for o in outcomes {
+            r.outcome(o).unwrap();
+        }
+        r
+    }
+
+    fn silent() -> Seen {
+        Seen::Silent {
+            error: "timed out".into(),
         }
     }
 
@@ -199,8 +245,9 @@ mod tests {
 
     #[test]
     fn both_sides_must_tell_the_same_story_for_every_attempt() {
-        let listener = report(&[CONNECTED, TIMED_OUT, TIMED_OUT, TIMED_OUT]);
-        let initiator = report(&[CONNECTED, REFUSED, CONNECTED, SILENT]);
+        use Seen::*;
+        let listener = report(&[Connected, TimedOut, TimedOut, TimedOut]);
+        let initiator = report(&[Connected, Refused, Connected, silent()]);
         let Reconciled { metrics: m, notes, .. } =
             step().reconcile(&[(0, &listener), (1, &initiator)], &[]);
         assert_eq!(notes.len(), 2);
@@ -218,8 +265,19 @@ mod tests {
 
     #[test]
     fn a_missing_side_yields_no_verdict_metrics() {
-        let listener = report(&[CONNECTED]);
+        let listener = report(&[Seen::Connected]);
         assert!(step().reconcile(&[(0, &listener)], &[]).metrics.is_empty());
+    }
+
+    #[test]
+    fn an_outcome_that_does_not_parse_is_a_failure_not_a_dropped_attempt() {
+        let listener = report(&[Seen::Connected]);
+        let mut initiator = report(&[Seen::Connected]);
+        initiator.outcomes.push(serde_json::json!({"outcome": "teleported"}));
+        let r = step().reconcile(&[(0, &listener), (1, &initiator)], &[]);
+        assert!(r.metrics.is_empty());
+        assert_eq!(r.failures.len(), 1, "{r:?}");
+        assert!(r.failures[0].contains("outcome 1"), "{:?}", r.failures);
     }
 
     #[test]

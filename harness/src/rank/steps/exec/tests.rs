@@ -100,7 +100,7 @@ fn reports(records: &[Record]) -> Vec<StepReport> {
     records
         .iter()
         .map(|r| StepReport {
-            outcomes: vec![serde_json::to_string(r).unwrap()],
+            outcomes: vec![serde_json::to_value(r).unwrap()],
             ..StepReport::default()
         })
         .collect()
