@@ -1,5 +1,6 @@
 //! `wringer`: the coordinator (`run`, `list`, `probe`, `validate`) and the rank worker (`rank`).
 
+use harness::model::invalid::Invalid;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -39,7 +40,7 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
         /// Override every scenario's repeat count (1 to 10,000).
-        #[arg(long, value_parser = |s: &str| s.parse::<u32>().map_err(|e| e.to_string()).and_then(harness::model::scenario::check_repeat))]
+        #[arg(long, value_parser = |s: &str| s.parse::<u32>().map_err(|e| Invalid(e.to_string())).and_then(harness::model::scenario::check_repeat))]
         repeat: Option<u32>,
         /// Seed for payload patterns (recorded in the report).
         #[arg(long)]
@@ -401,14 +402,12 @@ fn expand_releases(loaded: Vec<Loaded>) -> anyhow::Result<Vec<Loaded>> {
 
 /// Check every file: host profiles (under a `hosts` folder) and scenarios; report them all.
 /// A fraction for `--threshold`: a finite number from 0 to 100 (NaN would flag nothing, ever).
-fn fraction(s: &str) -> Result<f64, String> {
+fn fraction(s: &str) -> Result<f64, Invalid> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if v.is_finite() && (0.0..=100.0).contains(&v) {
         Ok(v)
     } else {
-        Err(format!(
-            "`{s}` must be a finite number from 0 to 100 (0.2 flags 20% worse)"
-        ))
+        Err(format!("`{s}` must be a finite number from 0 to 100 (0.2 flags 20% worse)").into())
     }
 }
 

@@ -17,7 +17,7 @@ impl Drop for Reaped {
 }
 
 /// Start `cmd` with stdin closed and stdout/stderr piped.
-pub fn spawn(cmd: &[&str]) -> Result<Reaped, String> {
+pub fn spawn(cmd: &[&str]) -> anyhow::Result<Reaped> {
     Command::new(cmd[0])
         .args(&cmd[1..])
         .stdin(Stdio::null())
@@ -26,14 +26,14 @@ pub fn spawn(cmd: &[&str]) -> Result<Reaped, String> {
         .spawn()
         .map(Reaped)
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("{} is not installed", cmd[0]),
-            _ => format!("{}: {e}", cmd[0]),
+            std::io::ErrorKind::NotFound => anyhow::anyhow!("{} is not installed", cmd[0]),
+            _ => anyhow::anyhow!("{}: {e}", cmd[0]),
         })
 }
 
 /// Run `cmd` to completion within `limit`: its exit status (`None` when it ran out of time and
 /// was killed) and its stdout followed by its stderr.
-pub fn run_bounded(cmd: &[&str], limit: Duration) -> Result<(Option<ExitStatus>, String), String> {
+pub fn run_bounded(cmd: &[&str], limit: Duration) -> anyhow::Result<(Option<ExitStatus>, String)> {
     let mut child = spawn(cmd)?;
     let mut pipes = (child.0.stdout.take(), child.0.stderr.take());
     let reader = std::thread::spawn(move || {
@@ -48,7 +48,7 @@ pub fn run_bounded(cmd: &[&str], limit: Duration) -> Result<(Option<ExitStatus>,
     });
     let deadline = Instant::now() + limit;
     let status = loop {
-        match child.0.try_wait().map_err(|e| e.to_string())? {
+        match child.0.try_wait().map_err(anyhow::Error::from)? {
             Some(s) => break Some(s),
             None if Instant::now() > deadline => break None,
             None => std::thread::sleep(Duration::from_millis(20)),
@@ -137,4 +137,23 @@ pub fn output_within(
         stdout,
         stderr,
     })
+}
+
+/// A program that ran and exited unsuccessfully, with what it wrote to stderr: callers that
+/// must tell one refusal from another (a subnet taken, a job already gone) read `stderr`, the
+/// program's own words, instead of the text of a wrapped error.
+#[derive(Debug, thiserror::Error)]
+#[error("`{command}` exited {status}: {stderr}")]
+pub struct ToolFailed {
+    pub command: String,
+    pub status: String,
+    pub stderr: String,
+}
+
+impl ToolFailed {
+    /// Whether `e` is a program's failure whose stderr says `what`.
+    pub fn says(e: &anyhow::Error, what: &str) -> bool {
+        e.downcast_ref::<ToolFailed>()
+            .is_some_and(|f| f.stderr.contains(what))
+    }
 }

@@ -57,11 +57,12 @@ pub fn docker(args: &[&str], limit: Duration) -> Result<String> {
     }
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        bail!(
-            "`docker {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(crate::hosts::child::ToolFailed {
+            command: format!("docker {}", args.join(" ")),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        }
+        .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -379,7 +380,7 @@ fn create_network(name: &str, owner: &str) -> Result<[u8; 3]> {
             T,
         ) {
             Ok(_) => return Ok([10, 213, third]),
-            Err(e) if e.to_string().contains("overlap") => last = Some(e),
+            Err(e) if crate::hosts::child::ToolFailed::says(&e, "overlap") => last = Some(e),
             Err(e) => return Err(e),
         }
     }

@@ -189,7 +189,7 @@ pub fn parse(path: &Path, text: &str) -> Result<HostProfile, InputError> {
     p.file = path.to_owned();
     check(path, &p)?;
     for k in &p.known_failures {
-        known::check(&k.value).map_err(|why| located(path, &k.referenced, why))?;
+        known::check(&k.value).map_err(|why| located(path, &k.referenced, why.0))?;
     }
     known::check_list(p.known_failures.iter().map(|k| &k.value))
         .map_err(|why| InputError::plain(path, why))?;
@@ -272,7 +272,7 @@ fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
                 let h = &h.value;
                 spanned(path, "name", &h.name, Charset::Name)?;
                 crate::model::name::check(&h.name.value)
-                    .map_err(|why| located(path, &h.name.referenced, why))?;
+                    .map_err(|why| located(path, &h.name.referenced, why.0))?;
                 if !seen.insert(h.name.value.clone()) {
                     return Err(located(
                         path,

@@ -57,9 +57,9 @@ pub enum VmError {
     Failed(String),
 }
 
-impl From<String> for VmError {
-    fn from(why: String) -> Self {
-        VmError::Failed(why)
+impl From<anyhow::Error> for VmError {
+    fn from(why: anyhow::Error) -> Self {
+        VmError::Failed(format!("{why:#}"))
     }
 }
 
@@ -86,9 +86,9 @@ pub fn run(
         )));
     }
     let inner = std::path::absolute(req.dir)
-        .map_err(|e| e.to_string())?
+        .map_err(anyhow::Error::from)?
         .join("vm");
-    std::fs::create_dir_all(&inner).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&inner).map_err(anyhow::Error::from)?;
     let ended = match profile.kind {
         ProfileKind::RxeVmPair => run_pair(profile, vm, req, &inner, budget, interrupted)?,
         _ => run_single(profile, vm, req, &inner, budget, interrupted)?,
@@ -101,9 +101,9 @@ pub fn run(
 }
 
 /// The inner `wringer run` command line (the run itself, inside the first VM).
-fn wringer_run(req: &VmRun, hosts: &Path, inner: &Path) -> Result<String, String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
+fn wringer_run(req: &VmRun, hosts: &Path, inner: &Path) -> anyhow::Result<String> {
+    let exe = std::env::current_exe().map_err(anyhow::Error::from)?;
+    let cwd = std::env::current_dir().map_err(anyhow::Error::from)?;
     let mut args = vec![exe.display().to_string(), "run".into()];
     args.extend(req.files.iter().map(|f| {
         std::path::absolute(f)
@@ -150,8 +150,8 @@ fn vng(
     script: &Path,
     console: &Path,
     extra: Option<String>,
-) -> Result<Child, String> {
-    let log = std::fs::File::create(console).map_err(|e| e.to_string())?;
+) -> anyhow::Result<Child> {
+    let log = std::fs::File::create(console).map_err(anyhow::Error::from)?;
     let mut c = Command::new("vng");
     c.args(["--disable-kvm", "--run"])
         .arg(&vm.kernel)
@@ -163,11 +163,11 @@ fn vng(
     c.arg("--exec")
         .arg(format!("sh {}", script.display()))
         .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stdout(log.try_clone().map_err(anyhow::Error::from)?)
         .stderr(log)
         .process_group(0)
         .spawn()
-        .map_err(|e| format!("starting vng: {e}"))
+        .map_err(|e| anyhow::anyhow!("starting vng: {e}"))
 }
 
 /// Wait for `child` within `deadline` (or until interrupted); the VM's process group goes on
@@ -202,7 +202,7 @@ fn run_single(
     inner: &Path,
     budget: Duration,
     interrupted: &AtomicBool,
-) -> Result<Option<&'static str>, String> {
+) -> anyhow::Result<Option<&'static str>> {
     let hosts = inner.join("rxe.yaml");
     std::fs::write(
         &hosts,
@@ -211,7 +211,7 @@ fn run_single(
             profile.name
         ),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(anyhow::Error::from)?;
     let mut script = String::from("set -e\nmodprobe rdma_rxe\n");
     for i in 0..vm.rxe_devices {
         script.push_str(&format!(
@@ -221,7 +221,7 @@ fn run_single(
     script.push_str("set +e\n");
     script.push_str(&wringer_run(req, &hosts, inner)?);
     let path = inner.join("run.sh");
-    std::fs::write(&path, script).map_err(|e| e.to_string())?;
+    std::fs::write(&path, script).map_err(anyhow::Error::from)?;
     let mut child = vng(
         vm,
         &vm.memory,
@@ -241,22 +241,22 @@ fn run_pair(
     inner: &Path,
     budget: Duration,
     interrupted: &AtomicBool,
-) -> Result<Option<&'static str>, String> {
+) -> anyhow::Result<Option<&'static str>> {
     let key = inner.join("key");
     let _ = std::fs::remove_file(&key);
     let out = Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-f"])
         .arg(&key)
         .output()
-        .map_err(|e| format!("ssh-keygen: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("ssh-keygen: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
+        return Err(anyhow::anyhow!(
             "ssh-keygen failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
     std::fs::copy(key.with_extension("pub"), inner.join("authorized_keys"))
-        .map_err(|e| e.to_string())?;
+        .map_err(anyhow::Error::from)?;
     let _ = std::fs::remove_file(inner.join("done"));
     // Both VMs: NIC up, one rxe device on it, sshd (PAM, since root's password is locked) on a
     // host key made at boot.
@@ -268,7 +268,7 @@ fn run_pair(
          -o StrictModes=no -o UsePAM=yes -o PidFile=/tmp/sshd/pid -o ListenAddress=10.0.0.$1 -o MaxStartups=100:30:200\n",
         keys = quote(&inner.join("authorized_keys").display().to_string())
     );
-    std::fs::write(inner.join("host.sh"), host).map_err(|e| e.to_string())?;
+    std::fs::write(inner.join("host.sh"), host).map_err(anyhow::Error::from)?;
     let done = quote(&inner.join("done").display().to_string());
     std::fs::write(
         inner.join("b.sh"),
@@ -277,7 +277,7 @@ fn run_pair(
             quote(&inner.join("host.sh").display().to_string())
         ),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(anyhow::Error::from)?;
     let hosts = inner.join("pair.yaml");
     let host_entry = |n: u8, name: &str| {
         format!(
@@ -290,17 +290,17 @@ fn run_pair(
         &hosts,
         format!("name: {}\ndescription: two soft-RoCE VMs\nkind: ssh\ncoordinator_addr: 10.0.0.1\nhosts:\n{}{}must_have: [rdma, xhost]\n", profile.name, host_entry(1, "vm-a"), host_entry(2, "vm-b")),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(anyhow::Error::from)?;
     let a = format!(
         "sh {} 1\nset +e\n{}touch {done}\n",
         quote(&inner.join("host.sh").display().to_string()),
         wringer_run(req, &hosts, inner)?
     );
-    std::fs::write(inner.join("a.sh"), a).map_err(|e| e.to_string())?;
+    std::fs::write(inner.join("a.sh"), a).map_err(anyhow::Error::from)?;
 
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
+        .map_err(anyhow::Error::from)?
         .port();
     let nic = |mode: &str, mac: u8| {
         format!("-netdev socket,id=n0,{mode}=127.0.0.1:{port} -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:0{mac}")

@@ -1,5 +1,6 @@
 //! Human durations in YAML ("500ms", "30s", "2m"), typed instead of bare numbers.
 
+use crate::model::invalid::Invalid;
 use std::fmt;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ pub struct Dur(pub Duration);
 pub const MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Dur {
-    pub fn parse(s: &str) -> Result<Dur, String> {
+    pub fn parse(s: &str) -> Result<Dur, Invalid> {
         let s = s.trim();
         let split = s
             .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -28,22 +29,24 @@ impl Dur {
             "s" => value,
             "m" => value * 60.0,
             "us" | "µs" => value / 1e6,
-            "" => return Err(format!("`{s}` has no unit: write 500ms, 30s or 2m")),
+            "" => return Err(format!("`{s}` has no unit: write 500ms, 30s or 2m").into()),
             other => {
                 return Err(format!(
                     "unknown duration unit `{other}` in `{s}` (use us, ms, s or m)"
-                ))
+                )
+                .into())
             }
         };
         if !(secs.is_finite() && secs > 0.0) {
-            return Err(format!(
-                "duration `{s}` must be above zero (there is no 'forever')"
-            ));
+            return Err(
+                format!("duration `{s}` must be above zero (there is no 'forever')").into(),
+            );
         }
         if secs > MAX.as_secs_f64() {
             return Err(format!(
                 "duration `{s}` is over the limit of 7 days (168h): no scenario waits that long"
-            ));
+            )
+            .into());
         }
         Ok(Dur(Duration::from_secs_f64(secs)))
     }

@@ -167,7 +167,10 @@ impl fmt::Display for Failure {
                     Some(COORDINATOR) | None => "from both sides' evidence".to_string(),
                     Some(r) => format!("on rank {r}"),
                 };
-                let why = expected.check(*v).err().unwrap_or_else(|| v.to_string());
+                let why = expected
+                    .check(*v)
+                    .err()
+                    .map_or_else(|| v.to_string(), String::from);
                 write!(f, "`{metric}` {whose}: {why} (expected {expected})")
             }
             Failure::Unmet { skip, by } => {

@@ -4,6 +4,7 @@
 //! its evidence, not failing the run. Any other failure of it still fails. A matching pass is
 //! `xpass` (the entry is stale), which `--strict` turns into a failure.
 
+use crate::model::invalid::Invalid;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -43,12 +44,12 @@ pub const MAX_ENTRIES: usize = 1000;
 /// Refuse a list longer than [`MAX_ENTRIES`]; warn for each entry that matches everything.
 pub fn check_list<'a>(
     entries: impl ExactSizeIterator<Item = &'a KnownFailure>,
-) -> Result<(), String> {
+) -> Result<(), Invalid> {
     if entries.len() > MAX_ENTRIES {
         return Err(format!(
             "{} known failures, more than the {MAX_ENTRIES} a list may hold: list the failures you measured, with a reason each",
             entries.len()
-        ));
+        ).into());
     }
     for k in entries.filter(|k| k.match_all) {
         eprintln!(
@@ -125,7 +126,7 @@ pub fn load(path: &Path) -> Result<Vec<KnownFailure>, InputError> {
     let text = crate::model::input::read_text(path, crate::model::input::FileKind::KnownFailures)?;
     let entries: Vec<Spanned<KnownFailure>> = parse_yaml(path, &text)?;
     for e in &entries {
-        check(&e.value).map_err(|why| located(path, &e.referenced, why))?;
+        check(&e.value).map_err(|why| located(path, &e.referenced, why.0))?;
     }
     check_list(entries.iter().map(|e| &e.value)).map_err(|why| InputError::plain(path, why))?;
     Ok(entries.into_iter().map(|e| e.value).collect())
@@ -159,7 +160,7 @@ fn kinds_list() -> String {
         .join(", ")
 }
 
-pub fn check(k: &KnownFailure) -> Result<(), String> {
+pub fn check(k: &KnownFailure) -> Result<(), Invalid> {
     if k.scenario.trim().is_empty() {
         return Err("a known failure needs a scenario name or pattern".into());
     }
@@ -168,14 +169,14 @@ pub fn check(k: &KnownFailure) -> Result<(), String> {
             "known failure `{}` needs `kind:`, the kind of failure it covers ({}), so that the scenario failing any other way still fails",
             k.scenario,
             kinds_list()
-        ));
+        ).into());
     }
     let every = k.scenario.chars().all(|c| c == '*');
     if every && !k.match_all {
         return Err(format!(
             "known failure `{}` matches every scenario, so any failure anywhere would pass as xfail: name the scenarios (`ucx-*`), or set `match_all: true` if you mean it",
             k.scenario
-        ));
+        ).into());
     }
     if let Some(p) = &k.failure {
         regex::Regex::new(p)
@@ -185,7 +186,8 @@ pub fn check(k: &KnownFailure) -> Result<(), String> {
         return Err(format!(
             "known failure `{}` needs a reason (what fails, and why it is accepted)",
             k.scenario
-        ));
+        )
+        .into());
     }
     Ok(())
 }

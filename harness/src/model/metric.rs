@@ -1,6 +1,7 @@
 //! Typed evidence: the metrics a step records, the latency series it samples, and the bounds a
 //! scenario's `expect` puts on them. The same types travel from a rank's step to the page.
 
+use crate::model::invalid::Invalid;
 use std::fmt;
 use std::str::FromStr;
 
@@ -201,40 +202,40 @@ pub struct Bound {
 impl Bound {
     /// Whether any value can meet the bound: finite numbers, min not above max, and an
     /// `equals` inside both.
-    pub fn satisfiable(&self) -> Result<(), String> {
+    pub fn satisfiable(&self) -> Result<(), Invalid> {
         let all = [self.min, self.max, self.equals];
         if all.iter().flatten().any(|v| !v.is_finite()) {
             return Err("bounds must be finite numbers (not NaN or infinity)".into());
         }
         if let (Some(lo), Some(hi)) = (self.min, self.max) {
             if lo > hi {
-                return Err(format!("min {lo} is above max {hi}: no value can meet it"));
+                return Err(format!("min {lo} is above max {hi}: no value can meet it").into());
             }
         }
         if let Some(e) = self.equals {
             if self.min.is_some_and(|lo| e < lo) || self.max.is_some_and(|hi| e > hi) {
-                return Err(format!(
-                    "equals {e} lies outside min/max: no value can meet it"
-                ));
+                return Err(
+                    format!("equals {e} lies outside min/max: no value can meet it").into(),
+                );
             }
         }
         Ok(())
     }
 
-    pub fn check(&self, value: f64) -> Result<(), String> {
+    pub fn check(&self, value: f64) -> Result<(), Invalid> {
         if let Some(e) = self.equals {
             if value != e {
-                return Err(format!("{value} != {e}"));
+                return Err(format!("{value} != {e}").into());
             }
         }
         if let Some(m) = self.min {
             if value < m {
-                return Err(format!("{value} < min {m}"));
+                return Err(format!("{value} < min {m}").into());
             }
         }
         if let Some(m) = self.max {
             if value > m {
-                return Err(format!("{value} > max {m}"));
+                return Err(format!("{value} > max {m}").into());
             }
         }
         Ok(())
@@ -310,9 +311,9 @@ impl fmt::Display for SampleKey {
 }
 
 impl FromStr for SampleKey {
-    type Err = String;
+    type Err = Invalid;
 
-    fn from_str(s: &str) -> Result<SampleKey, String> {
+    fn from_str(s: &str) -> Result<SampleKey, Invalid> {
         let (series, size) = match s.split_once('/') {
             Some((name, size)) => {
                 let series = Series::ALL

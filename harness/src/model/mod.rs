@@ -4,6 +4,7 @@
 pub mod duration;
 pub mod failure;
 pub mod input;
+pub mod invalid;
 pub mod known;
 pub mod metric;
 pub mod name;

@@ -3,6 +3,7 @@
 //! most 100 characters), so a name can neither leave the report folder (`../x`), nor be empty,
 //! nor forge a line of output.
 
+use crate::model::invalid::Invalid;
 use serde::{Deserialize, Deserializer};
 
 pub const MAX_LEN: usize = 100;
@@ -23,7 +24,7 @@ pub fn printable(text: &str) -> String {
 }
 
 /// What is wrong with `name`, if anything.
-pub fn check(name: &str) -> Result<(), String> {
+pub fn check(name: &str) -> Result<(), Invalid> {
     let first_ok = name
         .chars()
         .next()
@@ -38,13 +39,14 @@ pub fn check(name: &str) -> Result<(), String> {
         return Err(format!(
             "a name has at most {MAX_LEN} characters, this one {}",
             name.len()
-        ));
+        )
+        .into());
     }
     if !first_ok || !all_ok {
         let shown: String = name.escape_debug().take(60).collect();
         return Err(format!(
             "name \"{shown}\" may hold only letters, digits, `.`, `_` and `-`, and must start with a letter or digit (it names files in the report)"
-        ));
+        ).into());
     }
     Ok(())
 }

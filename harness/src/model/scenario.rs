@@ -2,6 +2,7 @@
 //! The step kinds themselves live with the rank side (`rank::steps`); the schema only needs
 //! what a step declares about itself ([`StepSpec`]).
 
+use crate::model::invalid::Invalid;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,7 +36,7 @@ pub trait StepSpec {
     /// The step's own deadline.
     fn deadline(&self) -> Duration;
     /// Parameter checks against the scenario's rank count; the message says what to fix.
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         Ok(())
     }
     /// Faults the step asks the coordinator to strike (at points its ranks report), on top of
@@ -154,12 +155,12 @@ fn at_least_one<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error>
 }
 
 /// What is wrong with a repeat count, if anything.
-pub fn check_repeat(n: u32) -> Result<u32, String> {
+pub fn check_repeat(n: u32) -> Result<u32, Invalid> {
     if n == 0 {
         return Err("repeat must be at least 1".into());
     }
     if n > MAX_REPEAT {
-        return Err(format!("repeat is at most {MAX_REPEAT}, got {n}"));
+        return Err(format!("repeat is at most {MAX_REPEAT}, got {n}").into());
     }
     Ok(n)
 }
@@ -233,7 +234,7 @@ pub const MAX_PERTURB_DELAY: Duration = Duration::from_secs(1);
 
 impl Perturb {
     /// What is wrong with it, if anything (the syscall name reaches strace's command line).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Invalid> {
         let name_ok = !self.syscall.is_empty()
             && self.syscall.len() <= 32
             && self
@@ -244,13 +245,15 @@ impl Perturb {
             return Err(format!(
                 "`{}` is not a syscall name (lowercase letters, digits, _)",
                 self.syscall
-            ));
+            )
+            .into());
         }
         if !super::syscalls::exists(&self.syscall) {
             return Err(format!(
                 "`{}` is not a syscall of this architecture (x86_64): strace could not perturb it",
                 self.syscall
-            ));
+            )
+            .into());
         }
         if self.delay_enter.is_none() && self.delay_exit.is_none() {
             return Err("a perturbation needs delay_enter or delay_exit".into());
@@ -260,12 +263,13 @@ impl Perturb {
                 return Err(format!(
                     "a delay of {:?} is over the {MAX_PERTURB_DELAY:?} limit",
                     d.0
-                ));
+                )
+                .into());
             }
         }
         if let Some(p) = self.probability {
             if !(p > 0.0 && p <= 1.0) {
-                return Err(format!("probability must be in (0, 1], got {p}"));
+                return Err(format!("probability must be in (0, 1], got {p}").into());
             }
         }
         Ok(())
@@ -409,7 +413,7 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
     }
     for p in &s.perturb {
         if let Err(why) = p.value.check() {
-            return Err(located(path, &p.referenced, why));
+            return Err(located(path, &p.referenced, why.0));
         }
     }
     let mut points: Vec<String> = s.steps.iter().flat_map(|st| st.value.points()).collect();

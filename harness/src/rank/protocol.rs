@@ -1,6 +1,7 @@
 //! The rendezvous protocol between the coordinator and its ranks: JSON lines over TCP on
 //! loopback. A rank proves it belongs to the run with the per-run token in its first line.
 
+use crate::model::invalid::Invalid;
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
@@ -107,13 +108,16 @@ impl StepReport {
 
     /// Every outcome, read back as the kind's type; one that does not read is an error that
     /// names it (never dropped, or an attempt would go uncounted).
-    pub fn outcomes<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, String> {
+    pub fn outcomes<T: serde::de::DeserializeOwned>(&self) -> Result<Vec<T>, Invalid> {
         self.outcomes
             .iter()
             .enumerate()
             .map(|(i, v)| {
                 T::deserialize(v).map_err(|e| {
-                    format!("step {}'s outcome {i} does not read: {e}: {v}", self.step)
+                    Invalid(format!(
+                        "step {}'s outcome {i} does not read: {e}: {v}",
+                        self.step
+                    ))
                 })
             })
             .collect()
@@ -121,7 +125,7 @@ impl StepReport {
 
     /// Every metric and series recorded must be one the step kind declared: evidence nobody
     /// declared would reach no expectation and no page, silently.
-    pub fn check_declared(&self, metrics: &[Metric], series: &[Series]) -> Result<(), String> {
+    pub fn check_declared(&self, metrics: &[Metric], series: &[Series]) -> Result<(), Invalid> {
         let stray: Vec<String> = self
             .metrics
             .keys()
@@ -140,7 +144,8 @@ impl StepReport {
             Err(format!(
                 "the step recorded evidence its kind does not declare: {}",
                 stray.join(", ")
-            ))
+            )
+            .into())
         }
     }
 }

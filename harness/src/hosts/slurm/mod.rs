@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::hosts::child::output_within;
+use crate::hosts::child::{output_within, ToolFailed};
 use profile::{Nodes, SlurmSpec};
 
 const CLIENT_LIMIT: Duration = Duration::from_secs(30);
@@ -322,12 +322,12 @@ impl Slurm {
         let out = output_within(&mut cmd, None, CLIENT_LIMIT)
             .with_context(|| format!("`{}`", words.join(" ")))?;
         if !out.status.success() {
-            bail!(
-                "`{}` exited {}: {}",
-                words.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            return Err(ToolFailed {
+                command: words.join(" "),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            }
+            .into());
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -369,7 +369,7 @@ impl Slurm {
         let mut words = vec!["scancel", "--quiet"];
         words.extend(steps.iter().map(String::as_str));
         match self.check(&words) {
-            Err(e) if format!("{e:#}").contains("Invalid job id specified") => Ok(()),
+            Err(e) if ToolFailed::says(&e, "Invalid job id specified") => Ok(()),
             other => other.map(|_| ()),
         }
     }

@@ -3,6 +3,7 @@
 //! allow-list. Every value is checked before anything is submitted: none can become an option
 //! or shell syntax, and each error names its file, line and column.
 
+use crate::model::invalid::Invalid;
 use std::path::Path;
 
 use serde::Deserialize;
@@ -176,7 +177,7 @@ impl SlurmSpec {
         }
         for o in &self.srun_options {
             if let Err(why) = check_option(&o.value) {
-                return at(&o.referenced, why);
+                return at(&o.referenced, why.0);
             }
             if let Some((_, v)) = o.value.split_once('=') {
                 safe(
@@ -221,7 +222,7 @@ fn option_rule(option: &str) -> Option<(&'static str, bool, bool)> {
     ALLOWED.iter().copied().find(|(n, _, _)| *n == name)
 }
 
-fn check_option(option: &str) -> Result<(), String> {
+fn check_option(option: &str) -> Result<(), Invalid> {
     let allowed = || {
         ALLOWED
             .iter()
@@ -233,15 +234,13 @@ fn check_option(option: &str) -> Result<(), String> {
         return Err(format!(
             "srun option `{option}` is not allowed (wringer sets placement, I/O, environment, signals and the job itself); allowed: {}",
             allowed()
-        ));
+        ).into());
     };
     match (takes_value, option.split_once('=')) {
         (true, Some((_, v))) if !v.is_empty() => Ok(()),
-        (true, _) => Err(format!(
-            "srun option `{option}` needs a value: `{option}=...`"
-        )),
+        (true, _) => Err(format!("srun option `{option}` needs a value: `{option}=...`").into()),
         (false, None) => Ok(()),
-        (false, Some(_)) => Err(format!("srun option `{option}` takes no value")),
+        (false, Some(_)) => Err(format!("srun option `{option}` takes no value").into()),
     }
 }
 
@@ -284,7 +283,7 @@ const MAX_NAME: usize = 253;
 
 /// Expand a Slurm node list (`n[0-2],gpu07,a[1,3-4]b`) into names, in order. Every bound is
 /// checked before anything is expanded: a short list can name gigabytes of nodes.
-pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
+pub fn expand_nodelist(list: &str) -> Result<Vec<String>, Invalid> {
     let mut names = vec![];
     let mut rest = list;
     while !rest.is_empty() {
@@ -307,12 +306,13 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
             return Err("an empty name".into());
         }
         match item.split_once('[') {
-            None if item.contains(']') => return Err(format!("`{item}`: `]` without `[`")),
+            None if item.contains(']') => return Err(format!("`{item}`: `]` without `[`").into()),
             None if item.len() > MAX_NAME => {
                 return Err(format!(
                     "a node name has at most {MAX_NAME} characters, one has {}",
                     item.len()
-                ))
+                )
+                .into())
             }
             None => names.push(item.to_string()),
             Some((prefix, tail)) => {
@@ -320,26 +320,27 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
                     .split_once(']')
                     .ok_or_else(|| format!("`{item}`: `[` without `]`"))?;
                 if suffix.contains('[') || suffix.contains(']') {
-                    return Err(format!("`{item}`: one bracket group per name only"));
+                    return Err(format!("`{item}`: one bracket group per name only").into());
                 }
                 for r in ranges.split(',') {
                     let (a, b) = r.split_once('-').unwrap_or((r, r));
                     let (x, y) = (a.parse::<u64>(), b.parse::<u64>());
                     let (Ok(x), Ok(y)) = (x, y) else {
-                        return Err(format!("`{item}`: `{r}` is not a number or a range"));
+                        return Err(format!("`{item}`: `{r}` is not a number or a range").into());
                     };
                     if x > y {
-                        return Err(format!("`{item}`: `{r}` is not an ascending range"));
+                        return Err(format!("`{item}`: `{r}` is not an ascending range").into());
                     }
                     if names.len() as u64 + (y - x + 1) > MAX_NODES {
-                        return Err(format!("more than {MAX_NODES} nodes"));
+                        return Err(format!("more than {MAX_NODES} nodes").into());
                     }
                     let longest = prefix.len() + a.len().max(b.len()) + suffix.len();
                     if longest > MAX_NAME {
                         return Err(format!(
                             "`{}…`: a node name has at most {MAX_NAME} characters",
                             item.chars().take(40).collect::<String>()
-                        ));
+                        )
+                        .into());
                     }
                     for n in x..=y {
                         // Zero-padded as written (`01-04`).
@@ -349,7 +350,7 @@ pub fn expand_nodelist(list: &str) -> Result<Vec<String>, String> {
             }
         }
         if names.len() as u64 > MAX_NODES {
-            return Err(format!("more than {MAX_NODES} nodes"));
+            return Err(format!("more than {MAX_NODES} nodes").into());
         }
     }
     Ok(names)
@@ -364,7 +365,10 @@ mod tests {
         // Many ranges of 4,096 in one bracket: each alone is within the cap, together far over.
         let many = format!("n[{}]", vec!["0-4095"; 10_000].join(","));
         let started = std::time::Instant::now();
-        assert_eq!(expand_nodelist(&many).unwrap_err(), "more than 4096 nodes");
+        assert_eq!(
+            expand_nodelist(&many).unwrap_err(),
+            "more than 4096 nodes".into()
+        );
         assert!(started.elapsed() < std::time::Duration::from_millis(200));
         // A zero-padded width that would make every name huge.
         let wide = format!("n[{}1-{}9]", "0".repeat(100_000), "0".repeat(100_000));

@@ -55,7 +55,7 @@ pub fn rows(
                 (n == 64).then_some(Goal::ValueAtMost(GOAL_64_MS)),
             ),
             || sample(&slurm, "srun", n),
-            || sample(&ssh, "ssh", n).map_err(|e| format!("{e:#}")),
+            || sample(&ssh, "ssh", n),
         ));
     }
     Ok(rows)

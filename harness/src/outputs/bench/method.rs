@@ -59,16 +59,19 @@ pub enum Failed {
 pub fn alternate(
     method: Method,
     mut ours: impl FnMut() -> anyhow::Result<Sample>,
-    mut theirs: impl FnMut() -> Result<Sample, String>,
+    mut theirs: impl FnMut() -> anyhow::Result<Sample>,
 ) -> Result<Vec<Round>, Failed> {
     let mut kept = vec![];
     for i in 0..method.warmup + method.rounds {
         let mut run_ours = || ours().map_err(|e| Failed::Ours(format!("{e:#}")));
         let (o, t) = if i % 2 == 0 {
             let o = run_ours()?;
-            (o, theirs().map_err(Failed::Reference)?)
+            (
+                o,
+                theirs().map_err(|e| Failed::Reference(format!("{e:#}")))?,
+            )
         } else {
-            let t = theirs().map_err(Failed::Reference)?;
+            let t = theirs().map_err(|e| Failed::Reference(format!("{e:#}")))?;
             (run_ours()?, t)
         };
         if i >= method.warmup {
@@ -229,7 +232,12 @@ mod tests {
 
     #[test]
     fn a_failing_side_is_named() {
-        let e = alternate(Method::QUICK, || Ok(s(1.0)), || Err("gone".into())).unwrap_err();
+        let e = alternate(
+            Method::QUICK,
+            || Ok(s(1.0)),
+            || Err(anyhow::anyhow!("gone")),
+        )
+        .unwrap_err();
         assert!(matches!(e, Failed::Reference(w) if w == "gone"));
         let e = alternate(Method::QUICK, || anyhow::bail!("broken"), || Ok(s(1.0))).unwrap_err();
         assert!(matches!(e, Failed::Ours(w) if w == "broken"));

@@ -162,7 +162,7 @@ fn versus(
     method: Method,
     (measure, unit, tool, goal): (String, &str, &str, Option<Goal>),
     ours: impl FnMut() -> Result<Sample>,
-    theirs: impl FnMut() -> Result<Sample, String>,
+    theirs: impl FnMut() -> Result<Sample>,
 ) -> Row {
     compared(
         measure,
@@ -205,8 +205,8 @@ fn skipped_row(measure: &str, why: &str) -> Row {
 }
 
 /// A reference server that could not start fails every round of its measure alike.
-fn serving<S>(server: &Result<S, String>) -> Result<&S, String> {
-    server.as_ref().map_err(Clone::clone)
+fn serving<S>(server: &Result<S>) -> Result<&S> {
+    server.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))
 }
 
 /// RDMA against perftest, same host, same sizes, same iteration counts, in alternating rounds:

@@ -11,14 +11,16 @@ use crate::hosts::child::{run_bounded, spawn, Reaped};
 /// sockperf refuses messages of 1 MiB or more; its largest is compared with our 1 MiB.
 pub const SOCKPERF_MAX: usize = (1 << 20) - 1;
 
-fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    l.local_addr().map(|a| a.port()).map_err(|e| e.to_string())
+fn free_port() -> anyhow::Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(anyhow::Error::from)?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(anyhow::Error::from)
 }
 
 /// Start a server that will listen on `port`, and wait (bounded) until it does. Readiness is
 /// read from /proc/net/tcp, so the check never connects to the tool itself.
-fn start_server(cmd: &[String], port: u16) -> Result<Reaped, String> {
+fn start_server(cmd: &[String], port: u16) -> anyhow::Result<Reaped> {
     let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
     let server = spawn(&args)?;
     let needle = format!(":{port:04X}");
@@ -34,15 +36,18 @@ fn start_server(cmd: &[String], port: u16) -> Result<Reaped, String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    Err(format!("{} never listened on port {port}", args[0]))
+    Err(anyhow::anyhow!("{} never listened on port {port}", args[0]))
 }
 
 /// Run a client to completion within `limit`; its stdout and stderr.
-fn run_client(cmd: &[String], limit: Duration) -> Result<String, String> {
+fn run_client(cmd: &[String], limit: Duration) -> anyhow::Result<String> {
     let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
     match run_bounded(&args, limit)? {
         (Some(_), out) => Ok(out),
-        (None, _) => Err(format!("{} did not finish within {limit:?}", args[0])),
+        (None, _) => Err(anyhow::anyhow!(
+            "{} did not finish within {limit:?}",
+            args[0]
+        )),
     }
 }
 
@@ -56,7 +61,7 @@ pub struct Server {
 
 /// A `sockperf server --tcp` on loopback. `busy_poll`: its busy-poll mode, non-blocking
 /// sockets polled with a zero timeout, instead of sleeping in epoll.
-pub fn sockperf_server(busy_poll: bool, cpus: Option<Placement>) -> Result<Server, String> {
+pub fn sockperf_server(busy_poll: bool, cpus: Option<Placement>) -> anyhow::Result<Server> {
     let port = free_port()?;
     let (p, max) = (port.to_string(), SOCKPERF_MAX.to_string());
     let mut cmd = vec![
@@ -87,7 +92,7 @@ pub fn sockperf_server(busy_poll: bool, cpus: Option<Placement>) -> Result<Serve
 
 /// One round of `sockperf ping-pong --tcp` against `server`: one-way latency p50 and p99 in
 /// µs, over `seconds` (sockperf's own 400 ms warm-up comes first and is not counted).
-pub fn sockperf_round(server: &Server, size: usize, seconds: u64) -> Result<Sample, String> {
+pub fn sockperf_round(server: &Server, size: usize, seconds: u64) -> anyhow::Result<Sample> {
     let (p, m, t) = (
         server.port.to_string(),
         size.min(SOCKPERF_MAX).to_string(),
@@ -118,7 +123,7 @@ pub fn sockperf_round(server: &Server, size: usize, seconds: u64) -> Result<Samp
 }
 
 /// p50, p99 and the message count from sockperf's report.
-fn parse_sockperf(out: &str) -> Result<Sample, String> {
+fn parse_sockperf(out: &str) -> anyhow::Result<Sample> {
     let pct = |q: &str| {
         out.lines()
             .find(|l| l.contains(&format!("percentile {q} =")))
@@ -137,7 +142,7 @@ fn parse_sockperf(out: &str) -> Result<Sample, String> {
             p99: Some(b),
             count,
         }),
-        _ => Err(format!(
+        _ => Err(anyhow::anyhow!(
             "unreadable sockperf output: {}",
             out.lines().last().unwrap_or("")
         )),
@@ -145,7 +150,7 @@ fn parse_sockperf(out: &str) -> Result<Sample, String> {
 }
 
 /// An `iperf3 -s` on loopback, serving one client after another.
-pub fn iperf3_server(cpus: Option<Placement>) -> Result<Server, String> {
+pub fn iperf3_server(cpus: Option<Placement>) -> anyhow::Result<Server> {
     let port = free_port()?;
     let p = port.to_string();
     let cmd = ["iperf3", "-s", "-B", "127.0.0.1", "-p", &p];
@@ -163,7 +168,7 @@ pub fn iperf3_server(cpus: Option<Placement>) -> Result<Server, String> {
 
 /// One round of single-stream bandwidth in Gbit/s from `iperf3`: `messages` writes of `size`
 /// bytes, as received.
-pub fn iperf3_round(server: &Server, size: usize, messages: u64) -> Result<Sample, String> {
+pub fn iperf3_round(server: &Server, size: usize, messages: u64) -> anyhow::Result<Sample> {
     let (p, l, n) = (
         server.port.to_string(),
         size.to_string(),
@@ -186,7 +191,7 @@ pub fn iperf3_round(server: &Server, size: usize, messages: u64) -> Result<Sampl
         Duration::from_secs(60),
     )?;
     let json: serde_json::Value =
-        serde_json::from_str(&out).map_err(|e| format!("unreadable iperf3 output: {e}"))?;
+        serde_json::from_str(&out).map_err(|e| anyhow::anyhow!("unreadable iperf3 output: {e}"))?;
     json["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .map(|bps| Sample {
@@ -194,7 +199,7 @@ pub fn iperf3_round(server: &Server, size: usize, messages: u64) -> Result<Sampl
             p99: None,
             count: Some(messages),
         })
-        .ok_or_else(|| "iperf3 reported no received bandwidth".to_string())
+        .ok_or_else(|| anyhow::anyhow!("iperf3 reported no received bandwidth"))
 }
 
 /// Where and what a perftest tool measures on this host.
@@ -210,7 +215,7 @@ pub struct Perftest<'a> {
 impl Perftest<'_> {
     /// Run `tool` as server and client (with `extra` arguments on both); the numbers on the
     /// client's result line for our size.
-    fn run(&self, tool: &str, extra: &[&str]) -> Result<Vec<f64>, String> {
+    fn run(&self, tool: &str, extra: &[&str]) -> anyhow::Result<Vec<f64>> {
         let tcp = free_port()?;
         let (port, gid, size, iters, tcp_s) = (
             self.port.to_string(),
@@ -230,7 +235,7 @@ impl Perftest<'_> {
         client.push(self.ip.to_string());
         let out = run_client(&client, Duration::from_secs(120))?;
         result_line(&out, self.size).ok_or_else(|| {
-            format!(
+            anyhow::anyhow!(
                 "unreadable {tool} output: {}",
                 out.lines().last().unwrap_or("")
             )
@@ -239,7 +244,7 @@ impl Perftest<'_> {
 }
 
 /// One-way latency "typical" and 99th percentile (µs) from `ib_send_lat`.
-pub fn ib_send_lat(p: &Perftest) -> Result<Sample, String> {
+pub fn ib_send_lat(p: &Perftest) -> anyhow::Result<Sample> {
     let cols = p.run("ib_send_lat", &[])?;
     // bytes iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
     match (cols.get(4), cols.get(7)) {
@@ -248,12 +253,12 @@ pub fn ib_send_lat(p: &Perftest) -> Result<Sample, String> {
             p99: Some(*p99),
             count: Some(p.iters.into()),
         }),
-        _ => Err("short ib_send_lat result line".into()),
+        _ => Err(anyhow::anyhow!("short ib_send_lat result line")),
     }
 }
 
 /// Average bandwidth (Gbit/s) from `ib_write_bw`.
-pub fn ib_write_bw(p: &Perftest) -> Result<Sample, String> {
+pub fn ib_write_bw(p: &Perftest) -> anyhow::Result<Sample> {
     let cols = p.run("ib_write_bw", &["--report_gbits"])?;
     // bytes iterations BW-peak BW-average MsgRate
     cols.get(3)
@@ -262,7 +267,7 @@ pub fn ib_write_bw(p: &Perftest) -> Result<Sample, String> {
             p99: None,
             count: Some(p.iters.into()),
         })
-        .ok_or_else(|| "short ib_write_bw result line".into())
+        .ok_or_else(|| anyhow::anyhow!("short ib_write_bw result line"))
 }
 
 /// The numbers on perftest's result line for `size` (it starts with the message size).
@@ -287,8 +292,8 @@ mod tests {
                    sockperf: ---> percentile 99.000 =   25.101\n\
                    sockperf: ---> percentile 50.000 =   10.980\n";
         assert_eq!(
-            parse_sockperf(out),
-            Ok(Sample {
+            parse_sockperf(out).ok(),
+            Some(Sample {
                 value: 10.98,
                 p99: Some(25.101),
                 count: Some(9388)

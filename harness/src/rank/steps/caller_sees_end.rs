@@ -6,6 +6,7 @@
 //! counters show who found the end; a case the receiver thread found is counted apart, since it
 //! did not test a caller.
 
+use crate::model::invalid::Invalid;
 use super::support::{CASES, CASES_LATE, SLOWEST_CASE_MS};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -69,7 +70,7 @@ impl StepSpec for CallerSeesEnd {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         in_range("rounds", self.rounds, 1, MAX_ROUNDS)?;
         in_range("callers", self.callers, 2, MAX_CALLERS)
     }

@@ -6,6 +6,7 @@
 //! receiving wakes neither the caller in `poll` nor a receiver waiting in its `poll`. The peer closes its
 //! side after `peer_patience` without commands, so even that bug ends, as evidence.
 
+use crate::model::invalid::Invalid;
 use super::support::{CYCLES, FD_DELTA, SHUTDOWN_P99_MS, THREAD_DELTA};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -70,12 +71,12 @@ impl StepSpec for CloseDuringRecv {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         in_range("cycles", self.cycles, 1, MAX_CYCLES)?;
         if self.bound.0.is_zero() || self.bound.0 >= PEER_PATIENCE {
             return Err(format!(
                 "bound must be above 0 and below the peer's patience ({PEER_PATIENCE:?})"
-            ));
+            ).into());
         }
         Ok(())
     }

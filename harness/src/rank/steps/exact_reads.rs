@@ -1,5 +1,6 @@
 //! exact-reads: rank 1 (an adversarial raw peer) dribbles frames byte by byte and splits one at every offset; rank 0 must read every frame whole.
 
+use crate::model::invalid::Invalid;
 use super::support::{FRAMES_INTACT};
 use std::io::Write;
 use std::net::Shutdown;
@@ -62,22 +63,22 @@ impl StepSpec for ExactReads {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         if self.dribbled_frames > MAX_DRIBBLED {
-            return Err(format!("dribbled_frames must be at most {MAX_DRIBBLED}"));
+            return Err(format!("dribbled_frames must be at most {MAX_DRIBBLED}").into());
         }
         if !(1..=MAX_SMALL).contains(&self.split_payload_bytes) {
-            return Err(format!("split_payload_bytes must be 1..={MAX_SMALL}"));
+            return Err(format!("split_payload_bytes must be 1..={MAX_SMALL}").into());
         }
         if self.large_sizes.len() > MAX_LARGE_SIZES
             || self.large_sizes.iter().any(|s| !(1..=MAX_SIZE).contains(s))
         {
             return Err(format!(
                 "large_sizes: at most {MAX_LARGE_SIZES} sizes, each 1..={MAX_SIZE} bytes"
-            ));
+            ).into());
         }
         if self.random_splits > MAX_RANDOM_SPLITS {
-            return Err(format!("random_splits must be at most {MAX_RANDOM_SPLITS}"));
+            return Err(format!("random_splits must be at most {MAX_RANDOM_SPLITS}").into());
         }
         Ok(())
     }

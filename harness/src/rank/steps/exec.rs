@@ -9,6 +9,7 @@
 //! the role's `error`) and `exit_ms` (fault to exit), against each role's expectations. A
 //! program that logs the error and never exits is killed at the deadline and judged for it.
 
+use crate::model::invalid::Invalid;
 use super::support::{DATA_MISMATCHES, DETECT_MS};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -263,7 +264,7 @@ impl StepSpec for Exec {
         self.deadline.0
     }
 
-    fn check(&self, ranks: u32) -> Result<(), String> {
+    fn check(&self, ranks: u32) -> Result<(), Invalid> {
         check(self, ranks)
     }
 
@@ -304,7 +305,7 @@ impl StepSpec for Exec {
     }
 }
 
-fn check(e: &Exec, ranks: u32) -> Result<(), String> {
+fn check(e: &Exec, ranks: u32) -> Result<(), Invalid> {
     if e.roles.is_empty() {
         return Err("an exec step needs at least one role".into());
     }
@@ -323,16 +324,16 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
     for (name, role) in &e.roles {
         // Role names reach the reports and the rank logs, as scenario names do.
         crate::model::name::check(name).map_err(|why| format!("role {why}"))?;
-        let at = |why: String| format!("role `{name}`: {why}");
+        let at = |why: Invalid| Invalid(format!("role `{name}`: {why}"));
         if role.ranks.is_empty() {
             return Err(at("needs at least one rank".into()));
         }
         for &r in &role.ranks {
             if r >= ranks {
-                return Err(at(format!("rank {r} is not below the scenario's {ranks} ranks")));
+                return Err(at(format!("rank {r} is not below the scenario's {ranks} ranks").into()));
             }
             if let Some(other) = owner.insert(r, name) {
-                return Err(at(format!("rank {r} is already in role `{other}`")));
+                return Err(at(format!("rank {r} is already in role `{other}`").into()));
             }
         }
         let templates = std::iter::once(&role.program)
@@ -346,12 +347,12 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
         }
         for dep in &role.after {
             let Some(d) = e.roles.get(dep) else {
-                return Err(at(format!("comes after `{dep}`, which is not a role")));
+                return Err(at(format!("comes after `{dep}`, which is not a role").into()));
             };
             if d.ready.is_none() {
                 return Err(at(format!(
                     "comes after `{dep}`, which has no `ready:` (when would it be ready?)"
-                )));
+                ).into()));
             }
         }
         if let Some(r) = &role.ready {
@@ -388,13 +389,13 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
                     "`{}` cannot be read from output (these can: {})",
                     x.metric,
                     names.join(", ")
-                )));
+                ).into()));
             }
             match (&x.regex, &x.json) {
                 (Some(r), None) => {
                     let re = compile(r).map_err(at)?;
                     if re.captures_len() < 2 {
-                        return Err(at(format!("metric regex `{r}` needs a capture group")));
+                        return Err(at(format!("metric regex `{r}` needs a capture group").into()));
                     }
                 }
                 (None, Some(_)) => {}
@@ -404,7 +405,7 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
         let x = &role.expect;
         if let Some(s) = &x.signal {
             if s.parse::<Signal>().is_err() {
-                return Err(at(format!("`{s}` is not a signal name (SIGKILL, SIGTERM, ...)")));
+                return Err(at(format!("`{s}` is not a signal name (SIGKILL, SIGTERM, ...)").into()));
             }
             if x.exit.is_some() {
                 return Err(at("expect either `exit` or `signal`, not both".into()));
@@ -417,16 +418,16 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
     cycle_free(e)?;
     for f in &e.faults {
         let Some(role) = e.roles.get(&f.role) else {
-            return Err(format!("a fault names role `{}`, which does not exist", f.role));
+            return Err(format!("a fault names role `{}`, which does not exist", f.role).into());
         };
         if let Some(r) = f.rank {
             if !role.ranks.contains(&r) {
-                return Err(format!("a fault names rank {r}, which is not in role `{}`", f.role));
+                return Err(format!("a fault names rank {r}, which is not in role `{}`", f.role).into());
             }
         }
         match &f.at {
             Trigger::Ready if role.ready.is_none() => {
-                return Err(format!("a fault strikes `{}` when ready, but it has no `ready:`", f.role))
+                return Err(format!("a fault strikes `{}` when ready, but it has no `ready:`", f.role).into())
             }
             Trigger::Line(l) => {
                 compile(l)?;
@@ -440,20 +441,20 @@ fn check(e: &Exec, ranks: u32) -> Result<(), String> {
     Ok(())
 }
 
-fn compile(r: &str) -> Result<Regex, String> {
-    Regex::new(r).map_err(|e| format!("bad regex `{r}`: {e}"))
+fn compile(r: &str) -> Result<Regex, Invalid> {
+    Regex::new(r).map_err(|e| Invalid(format!("bad regex `{r}`: {e}")))
 }
 
-fn cycle_free(e: &Exec) -> Result<(), String> {
+fn cycle_free(e: &Exec) -> Result<(), Invalid> {
     fn visit<'a>(
         e: &'a Exec,
         name: &'a str,
         path: &mut Vec<&'a str>,
         done: &mut BTreeSet<&'a str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Invalid> {
         if path.contains(&name) {
             path.push(name);
-            return Err(format!("roles wait for each other in a circle: {}", path.join(" -> ")));
+            return Err(format!("roles wait for each other in a circle: {}", path.join(" -> ")).into());
         }
         if done.contains(name) {
             return Ok(());
@@ -495,8 +496,8 @@ impl Exec {
         u64::from(self.log_limit_mib.unwrap_or(DEFAULT_LOG_LIMIT_MIB)) << 20
     }
 
-    pub fn for_release(&self, root: &str) -> Result<Exec, String> {
-        let put = |t: &mut String| -> Result<(), String> {
+    pub fn for_release(&self, root: &str) -> Result<Exec, Invalid> {
+        let put = |t: &mut String| -> Result<(), Invalid> {
             *t = template::put_release(t, root)?;
             Ok(())
         };

@@ -3,6 +3,8 @@
 use super::support::{DETECT_MS, SURVIVOR_DETECTED};
 use std::time::{Duration, Instant};
 
+use crate::model::invalid::Invalid;
+
 use anyhow::Result;
 use transport::Connection;
 
@@ -37,12 +39,12 @@ impl StepSpec for ExitBeforeFirstExchange {
         self.deadline.0
     }
 
-    fn check(&self, ranks: u32) -> Result<(), String> {
+    fn check(&self, ranks: u32) -> Result<(), Invalid> {
         if self.exiting_rank >= ranks {
             return Err(format!(
                 "exiting_rank {} is not a rank (0..{ranks})",
                 self.exiting_rank
-            ));
+            ).into());
         }
         Ok(())
     }
@@ -82,12 +84,12 @@ pub fn exit_before_first_exchange(
     let started = Instant::now();
     // Full mesh, lazily: connect to higher ranks, wait for lower ones; all at once.
     let ranks = ctx.ranks;
-    let outcome: Result<Vec<Connection>, String> = std::thread::scope(|s| {
+    let outcome: Result<Vec<Connection>> = std::thread::scope(|s| {
         let initiators: Vec<_> = (ctx.rank + 1..ranks)
             .map(|peer| {
                 s.spawn(move || {
                     connect_to(ctx, peer, seq(step, ctx.rank as u64), connect_timeout)
-                        .map_err(|e| format!("connect to rank {peer}: {e}"))
+                        .map_err(|e| anyhow::anyhow!("connect to rank {peer}: {e}"))
                 })
             })
             .collect();
@@ -100,14 +102,14 @@ pub fn exit_before_first_exchange(
             {
                 Ok(c) => conns.push(c),
                 Err(e) => {
-                    first_error.get_or_insert(format!("wait for rank {peer}: {e}"));
+                    first_error.get_or_insert(anyhow::anyhow!("wait for rank {peer}: {e}"));
                 }
             }
         }
         for h in initiators {
             match h
                 .join()
-                .unwrap_or_else(|_| Err("connect thread panicked".into()))
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("connect thread panicked")))
             {
                 Ok(c) => conns.push(c),
                 Err(e) => {
@@ -122,7 +124,7 @@ pub fn exit_before_first_exchange(
     });
     // The first exchange: everyone sends to everyone, then receives from everyone.
     let failure = match outcome {
-        Err(e) => Some(e),
+        Err(e) => Some(e.to_string()),
         Ok(conns) => {
             let mut err = None;
             for c in &conns {

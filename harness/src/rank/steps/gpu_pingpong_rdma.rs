@@ -1,5 +1,6 @@
 //! gpu-pingpong-rdma: the same over an RC connection with RDMA WRITE: GPU memory registered through dmabuf where the GPU and NIC allow it, else staged through pinned host memory.
 
+use crate::model::invalid::Invalid;
 use super::gpu_support::{GPU_BANDWIDTH_GBPS, GPU_DATA_MISMATCHES, GPU_MESSAGES, GPU_PATTERN_HOST_MISMATCHES};
 use super::rdma_support::{RDMA_COMPLETION_ERRORS, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
@@ -47,7 +48,7 @@ impl StepSpec for GpuPingpongRdma {
         self.0.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         self.0.check()
     }
 }

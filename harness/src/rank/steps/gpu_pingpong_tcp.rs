@@ -1,5 +1,6 @@
 //! gpu-pingpong-tcp: ranks 0 and 1, each on a GPU: ping-pong of device buffers over TCP (staged through pinned host memory), the pattern written and checked on the device at every size; then `stream_messages` of the largest size one way, for bandwidth.
 
+use crate::model::invalid::Invalid;
 use super::gpu_support::{GPU_BANDWIDTH_GBPS, GPU_DATA_MISMATCHES, GPU_MESSAGES, GPU_PATTERN_HOST_MISMATCHES};
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,7 @@ impl StepSpec for GpuPingpongTcp {
         self.0.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         self.0.check()
     }
 }

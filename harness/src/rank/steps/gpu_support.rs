@@ -1,5 +1,6 @@
 //! What the GPU steps share: the plan, per-message pattern seeds, opening a GPU, tallies.
 
+use crate::model::invalid::Invalid;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -34,7 +35,7 @@ impl GpuParams {
         self.sizes.iter().copied().max().unwrap_or(1) as usize
     }
 
-    pub(super) fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), Invalid> {
         super::check_sizes(&self.sizes, self.iterations)
     }
 }

@@ -7,6 +7,7 @@
 //! later frame, buffered behind the queued one, before it. The transport's read counters show
 //! that each path, and the hand-over between them, ran.
 
+use crate::model::invalid::Invalid;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -76,7 +77,7 @@ impl StepSpec for HandoverOrder {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         in_range("rounds", self.rounds, 4, MAX_ROUNDS)?;
         in_range("callers", self.callers, 2, MAX_CALLERS)
     }

@@ -5,6 +5,7 @@
 //! that from both ranks' per-attempt outcomes (the Gloo review's 2f: a late timer that fires
 //! after success loses the connection while the initiator believes it is connected).
 
+use crate::model::invalid::Invalid;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -85,9 +86,9 @@ impl StepSpec for LazyConnectDeadlineRace {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         if !(1..=MAX_ATTEMPTS).contains(&self.attempts) {
-            return Err(format!("attempts must be 1..={MAX_ATTEMPTS}, got {}", self.attempts));
+            return Err(format!("attempts must be 1..={MAX_ATTEMPTS}, got {}", self.attempts).into());
         }
         if self.spread.0 >= self.wait_timeout.0 {
             return Err("spread must be shorter than wait_timeout (connects land around the deadline)".into());
@@ -97,7 +98,7 @@ impl StepSpec for LazyConnectDeadlineRace {
             return Err(format!(
                 "{} attempts need up to {needed:?}; the step deadline is {:?}",
                 self.attempts, self.deadline.0
-            ));
+            ).into());
         }
         Ok(())
     }
@@ -156,7 +157,7 @@ impl StepKind for LazyConnectDeadlineRace {
             (Some(Ok(l)), Some(Ok(i))) => (l, i),
             (Some(Err(e)), _) | (_, Some(Err(e))) => {
                 return Reconciled {
-                    failures: vec![e],
+                    failures: vec![e.0],
                     ..Reconciled::default()
                 }
             }

@@ -3,6 +3,7 @@
 //! connect must fail within its connect deadline, with the typed error the case demands, every
 //! time (the Gloo review's 1a: the initiator's backstop).
 
+use crate::model::invalid::Invalid;
 use super::support::{CASES, CASES_LATE, SLOWEST_CASE_MS};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -93,9 +94,9 @@ impl StepSpec for ListenerNeverAnswers {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         if !(1..=MAX_ROUNDS).contains(&self.rounds) {
-            return Err(format!("rounds must be 1..={MAX_ROUNDS}, got {}", self.rounds));
+            return Err(format!("rounds must be 1..={MAX_ROUNDS}, got {}", self.rounds).into());
         }
         if self.cut_link_after_hello && self.rounds != 1 {
             return Err("with cut_link_after_hello there is one round (a cut link stays cut)".into());
@@ -105,7 +106,7 @@ impl StepSpec for ListenerNeverAnswers {
             return Err(format!(
                 "{} rounds of 3 cases need up to {needed:?}; the step deadline is {:?}",
                 self.rounds, self.deadline.0
-            ));
+            ).into());
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! counts at a cut only once the transport has read exactly the bytes up to it: the deadline
 //! then expired inside the frame, not before it.
 
+use crate::model::invalid::Invalid;
 use super::support::{FRAMES_INTACT};
 use std::time::{Duration, Instant};
 
@@ -67,14 +68,14 @@ impl StepSpec for MidFrameDeadlines {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         in_range("frames", self.frames, 1, MAX_FRAMES)?;
         in_range("header_cuts", self.header_cuts, 0, MAX_HEADER_CUTS)?;
         in_range("payload_cuts", self.payload_cuts, 0, MAX_PAYLOAD_CUTS)?;
         if self.recv_timeout.0.is_zero() || self.recv_timeout.0 > PATIENCE {
             return Err(format!(
                 "recv_timeout must be above 0 and at most {PATIENCE:?}"
-            ));
+            ).into());
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ mod scripted_peer;
 mod support;
 mod template;
 
+use crate::model::invalid::Invalid;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -154,7 +155,7 @@ impl StepSpec for Step {
     fn deadline(&self) -> Duration {
         self.kind().deadline()
     }
-    fn check(&self, ranks: u32) -> Result<(), String> {
+    fn check(&self, ranks: u32) -> Result<(), Invalid> {
         self.kind().check(ranks)
     }
     fn faults(&self, step: usize) -> Vec<scenario::Fault> {
@@ -170,7 +171,7 @@ impl StepSpec for Step {
 
 impl Step {
     /// This step with `{release}` put in as `root` (only exec steps name it).
-    pub fn for_release(&self, root: &str) -> Result<Step, String> {
+    pub fn for_release(&self, root: &str) -> Result<Step, Invalid> {
         match self {
             Step::Exec(e) => e.for_release(root).map(Step::Exec),
             other => Ok(other.clone()),
@@ -181,7 +182,10 @@ impl Step {
 /// One copy of the scenario per release, each named with its release and with `{release}` put
 /// in; with no release installed, the scenario as it is (the policy skips it, naming the
 /// recipe that installs one).
-pub fn for_releases(loaded: Loaded, releases: &[scenario::Release]) -> Result<Vec<Loaded>, String> {
+pub fn for_releases(
+    loaded: Loaded,
+    releases: &[scenario::Release],
+) -> Result<Vec<Loaded>, Invalid> {
     if loaded.scenario.releases.is_none() || releases.is_empty() {
         return Ok(vec![loaded]);
     }

@@ -1,5 +1,6 @@
 //! peer-death: rank `victim` streams to rank 0 and reports the point `mid-stream`, where faults strike; rank 0 must see the death within `detect_timeout`.
 
+use crate::model::invalid::Invalid;
 use super::support::{DETECT_MS, SURVIVOR_DETECTED};
 use std::time::{Duration, Instant};
 
@@ -40,12 +41,12 @@ impl StepSpec for PeerDeath {
         self.deadline.0
     }
 
-    fn check(&self, ranks: u32) -> Result<(), String> {
+    fn check(&self, ranks: u32) -> Result<(), Invalid> {
         if self.victim == 0 || self.victim >= ranks {
             return Err(format!(
                 "victim must be a rank other than 0 (1..{ranks}), got {}",
                 self.victim
-            ));
+            ).into());
         }
         super::in_range("frames_before_fault", self.frames_before_fault, 0, super::MAX_COUNT)
     }

@@ -1,5 +1,6 @@
 //! pingpong: full-mesh ping-pong with data verification at every size.
 
+use crate::model::invalid::Invalid;
 use super::support::{DATA_MISMATCHES};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -49,7 +50,7 @@ impl StepSpec for Pingpong {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         check_sizes(&self.sizes, self.iterations)
     }
 }

@@ -1,5 +1,6 @@
 //! rdma-graceful-shutdown: rank 0 runs the DAQIRI-shaped RDMA server (worker per connection, stats thread); rank 1 connects, exchanges `messages` and disconnects, `connections` times; then the server shuts down gracefully.
 
+use crate::model::invalid::Invalid;
 use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_DATA_MISMATCHES, RDMA_SHUTDOWN_MS};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -59,7 +60,7 @@ impl StepSpec for RdmaGracefulShutdown {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("connections", self.connections, 1, 1000)?;
         super::in_range("messages", self.messages, 0, super::MAX_COUNT)?;
         if self.worker_drain.is_some_and(|d| d.0 > Duration::from_secs(10)) {

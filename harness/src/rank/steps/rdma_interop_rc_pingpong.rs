@@ -1,5 +1,6 @@
 //! rdma-interop-rc-pingpong: rank 0 plays ping-pong with rdma-core's `ibv_rc_pingpong` on this host, in both roles, speaking its out-of-band exchange.
 
+use crate::model::invalid::Invalid;
 use super::rdma_support::{RDMA_COMPLETION_ERRORS};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -46,7 +47,7 @@ impl StepSpec for RdmaInteropRcPingpong {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("size", self.size, 1, super::MAX_MESSAGE)?;
         super::in_range("iterations", self.iterations, 1, super::MAX_COUNT)
     }

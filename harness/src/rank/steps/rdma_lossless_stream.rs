@@ -1,5 +1,6 @@
 //! rdma-lossless-stream: rank 1 SENDs `messages` messages of `size` bytes to rank 0, which counts and checks them.
 
+use crate::model::invalid::Invalid;
 use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_TX_MESSAGES, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
@@ -46,7 +47,7 @@ impl StepSpec for RdmaLosslessStream {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("size", self.size, 1, super::MAX_MESSAGE)?;
         super::in_range("messages", self.messages, 1, super::MAX_COUNT)
     }

@@ -1,5 +1,6 @@
 //! rdma-peer-death: rank 1 streams SENDs to rank 0 and reports `mid-stream` (where faults strike); rank 0 must see the death within `detect_timeout`.
 
+use crate::model::invalid::Invalid;
 use super::support::{DETECT_MS, SURVIVOR_DETECTED};
 use std::time::{Duration, Instant};
 
@@ -40,7 +41,7 @@ impl StepSpec for RdmaPeerDeath {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("frames_before_fault", self.frames_before_fault, 0, super::MAX_COUNT)
     }
 }

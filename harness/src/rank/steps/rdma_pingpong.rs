@@ -1,5 +1,6 @@
 //! rdma-pingpong: RC over rdma_cm between rank 0 (server) and rank 1: SEND ping-pong, then WRITE with immediate ping-pong, then WRITE into registered regions, at every size, every byte checked.
 
+use crate::model::invalid::Invalid;
 use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_DATA_MISMATCHES, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
@@ -51,7 +52,7 @@ impl StepSpec for RdmaPingpong {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::check_sizes(&self.sizes, self.iterations)
     }
 }

@@ -1,5 +1,6 @@
 //! rdma-xhost-send: DAQIRI #113 across hosts: rank 0 runs the RDMA server for `server_seconds`, rank 1 (on the other host) SENDs `messages` and receives every echo; then the server's timer ends it.
 
+use crate::model::invalid::Invalid;
 use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_SHUTDOWN_MS, RDMA_TX_MESSAGES, RETRY_EXC_ERR};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -48,7 +49,7 @@ impl StepSpec for RdmaXhostSend {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("messages", self.messages, 1, super::MAX_COUNT)
     }
 }

@@ -1,6 +1,7 @@
 //! Helpers the step kinds share: connections between ranks, payload patterns, percentiles,
 //! and the process-level checks (descriptors, threads).
 
+use crate::model::invalid::Invalid;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -35,24 +36,24 @@ pub const MAX_COUNT: u32 = 1_000_000;
 pub const MAX_SIZES: usize = 32;
 
 /// Sizes of a ping-pong: 1..=32 sizes, each in 1..=16 MiB, and 1..=1,000,000 iterations.
-pub fn check_sizes(sizes: &[u32], iterations: u32) -> Result<(), String> {
+pub fn check_sizes(sizes: &[u32], iterations: u32) -> Result<(), Invalid> {
     if sizes.is_empty()
         || sizes.len() > MAX_SIZES
         || sizes.iter().any(|&b| b == 0 || b > MAX_MESSAGE)
     {
-        return Err(format!(
-            "needs 1..={MAX_SIZES} sizes, each in 1..=16MiB (16777216 bytes)"
-        ));
+        return Err(
+            format!("needs 1..={MAX_SIZES} sizes, each in 1..=16MiB (16777216 bytes)").into(),
+        );
     }
     in_range("iterations", iterations, 1, MAX_COUNT)
 }
 
 /// `value` must lie in `min..=max`; the message names the parameter and the range.
-pub fn in_range(name: &str, value: u32, min: u32, max: u32) -> Result<(), String> {
+pub fn in_range(name: &str, value: u32, min: u32, max: u32) -> Result<(), Invalid> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
-        Err(format!("{name} must be {min}..={max}, got {value}"))
+        Err(format!("{name} must be {min}..={max}, got {value}").into())
     }
 }
 

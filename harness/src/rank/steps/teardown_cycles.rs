@@ -1,5 +1,6 @@
 //! teardown-cycles: rank 1 connects to rank 0, both receivers block, rank 0 tears down; `cycles` times (the MSCCL++ validation across two processes).
 
+use crate::model::invalid::Invalid;
 use super::support::{CYCLES, FD_DELTA, SHUTDOWN_P99_MS, THREAD_DELTA};
 use std::time::{Duration, Instant};
 
@@ -47,7 +48,7 @@ impl StepSpec for TeardownCycles {
         self.deadline.0
     }
 
-    fn check(&self, _ranks: u32) -> Result<(), String> {
+    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("cycles", self.cycles, 1, super::MAX_COUNT)
     }
 }

@@ -4,6 +4,7 @@
 //! `releases:` runs against, put in when releases are expanded). `{{` and `}}` are literal braces. Templates are checked when the scenario loads, so a
 //! typo is a located error, never a program started with a literal `{prot}`.
 
+use crate::model::invalid::Invalid;
 use std::collections::BTreeMap;
 
 /// What the placeholders stand for on one rank.
@@ -59,7 +60,7 @@ enum Piece<'a> {
     Field(&'a str, Option<u32>),
 }
 
-fn pieces(t: &str) -> Result<Vec<Piece<'_>>, String> {
+fn pieces(t: &str) -> Result<Vec<Piece<'_>>, Invalid> {
     let mut out = vec![];
     let mut rest = t;
     while !rest.is_empty() {
@@ -95,12 +96,13 @@ fn pieces(t: &str) -> Result<Vec<Piece<'_>>, String> {
                 return Err(format!(
                     "`{t}`: unknown placeholder `{{{inner}}}` (known: {})",
                     names.join(", ")
-                ));
+                )
+                .into());
             }
             out.push(Piece::Field(name, index));
             rest = &r[end + 1..];
         } else if rest.starts_with('}') {
-            return Err(format!("`{t}`: a lone `}}` (write `}}}}` for a brace)"));
+            return Err(format!("`{t}`: a lone `}}` (write `}}}}` for a brace)").into());
         } else {
             let end = rest.find(['{', '}']).unwrap_or(rest.len());
             out.push(Piece::Text(&rest[..end]));
@@ -111,20 +113,21 @@ fn pieces(t: &str) -> Result<Vec<Piece<'_>>, String> {
 }
 
 /// Check a template against the world size: known names, rank numbers in range.
-pub fn check(t: &str, ranks: u32) -> Result<(), String> {
+pub fn check(t: &str, ranks: u32) -> Result<(), Invalid> {
     for p in pieces(t)? {
         if let Piece::Field(name, Some(n)) = p {
             if n >= ranks {
                 return Err(format!(
                     "`{t}`: `{{{name}:{n}}}` names rank {n}, the scenario has {ranks}"
-                ));
+                )
+                .into());
             }
         }
     }
     Ok(())
 }
 
-pub fn fill(t: &str, v: &Values) -> Result<String, String> {
+pub fn fill(t: &str, v: &Values) -> Result<String, Invalid> {
     let mut out = String::new();
     let at = |list: &[String], n: u32| list.get(n as usize).cloned();
     for p in pieces(t)? {
@@ -145,7 +148,7 @@ pub fn fill(t: &str, v: &Values) -> Result<String, String> {
                 let n = i.unwrap_or(v.rank);
                 match v.rdma.get(n as usize) {
                     Some(Some(a)) => Some(a.clone()),
-                    _ => return Err(format!("`{t}`: rank {n} has no RoCE interface")),
+                    _ => return Err(format!("`{t}`: rank {n} has no RoCE interface").into()),
                 }
             }
             Piece::Field("addr", Some(n)) => match (at(&v.hosts, n), v.ports.get(n as usize)) {
@@ -156,9 +159,10 @@ pub fn fill(t: &str, v: &Values) -> Result<String, String> {
             Piece::Field("release", None) => {
                 return Err(format!(
                     "`{t}`: `{{release}}` is filled only in a scenario with `releases:`"
-                ))
+                )
+                .into())
             }
-            Piece::Field(name, _) => return Err(format!("`{t}`: no value for `{name}`")),
+            Piece::Field(name, _) => return Err(format!("`{t}`: no value for `{name}`").into()),
         };
         out.push_str(&piece.ok_or_else(|| format!("`{t}`: names a rank this run does not have"))?);
     }
@@ -172,7 +176,7 @@ pub fn uses_release(t: &str) -> bool {
 
 /// The template with `{release}` replaced by `root` and every other placeholder kept as it was,
 /// so the rank fills the rest as usual.
-pub fn put_release(t: &str, root: &str) -> Result<String, String> {
+pub fn put_release(t: &str, root: &str) -> Result<String, Invalid> {
     let mut out = String::new();
     for p in pieces(t)? {
         match p {
@@ -192,7 +196,10 @@ pub fn put_release(t: &str, root: &str) -> Result<String, String> {
 }
 
 /// Fill every value of a map (the environment).
-pub fn fill_map(m: &BTreeMap<String, String>, v: &Values) -> Result<Vec<(String, String)>, String> {
+pub fn fill_map(
+    m: &BTreeMap<String, String>,
+    v: &Values,
+) -> Result<Vec<(String, String)>, Invalid> {
     m.iter()
         .map(|(k, t)| Ok((k.clone(), fill(t, v)?)))
         .collect()

@@ -30,7 +30,7 @@ fn a_well_formed_pair_passes_its_checks() {
 }
 
 fn refused(yaml: &str, ranks: u32) -> String {
-    parse(yaml).check(ranks).unwrap_err()
+    parse(yaml).check(ranks).unwrap_err().0
 }
 
 #[test]
