@@ -12,38 +12,20 @@ test: build-deps (apt "chromium" "strace") cuda-tools
     cargo clippy -p transport --features gpu --all-targets -- -D warnings
     cargo fmt --all --check
 
-# The main job: build in release and run every scenario this machine can run (loopback by default), the external programs' scenarios (Gloo, libfabric, UCX) included; then the RDMA half (see rdma-half).
-test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace") external
-    #!/usr/bin/env bash
-    set -uo pipefail
+# The main job: build in release and run every scenario this machine can run (loopback by default), the external programs' scenarios (Gloo, libfabric, UCX) included. Where the kernel has no RDMA device, `wringer run` sends the scenarios that need RDMA to the profile's soft-RoCE VM (`rdma_vm:`, set up once here); WRINGER_NO_VM=1 skips them instead.
+test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace") external rxe-if-needed
     PATH="$PWD/target/external:$PATH" cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
-    first=$?
-    # Bad input (2) stops here; a failing scenario (1) still lets the RDMA half run.
-    [ $first = 2 ] && exit 2
-    just rdma-half "{{hosts}}" {{args}}
-    second=$?
-    exit $(( first > second ? first : second ))
 
-# The RDMA half of the main job on loopback: where this kernel has no RDMA device, a soft-RoCE VM (set up on first use by setup-rxe) runs the RDMA scenarios. WRINGER_NO_VM=1 opts out.
+# Set up the soft-RoCE VM once (setup-rxe) where this kernel has no RDMA; whether a run uses it is wringer's decision (the profile's `rdma_vm:`).
 [private]
-rdma-half hosts *args:
+rxe-if-needed:
     #!/usr/bin/env bash
     set -euo pipefail
-    [ "{{hosts}}" = "hosts/local.yaml" ] || exit 0
-    if [ -n "$(ls -A /sys/class/infiniband 2>/dev/null)" ]; then
-        echo "RDMA half: this kernel has RDMA devices, so the run above had them; no VM needed"; exit 0
-    fi
-    if [ "${WRINGER_NO_VM:-0}" = 1 ]; then
-        echo "RDMA half: skipped (WRINGER_NO_VM=1): the RDMA scenarios above skipped with no-rdma-device"; exit 0
-    fi
-    if command -v vng >/dev/null && [ -d /opt/wringer-vm/boot ]; then
-        echo "RDMA half: no RDMA device in this kernel, so the RDMA scenarios run in a soft-RoCE VM (WRINGER_NO_VM=1 opts out)"
-    else
-        echo "RDMA half: no RDMA device in this kernel: setting up the soft-RoCE VM once (just setup-rxe), then running the RDMA scenarios in it (WRINGER_NO_VM=1 opts out)"
-        just setup-rxe > target/setup-rxe.log 2>&1 || { echo "RDMA half: setup-rxe failed (log: target/setup-rxe.log); WRINGER_NO_VM=1 runs the main job without the VM" >&2; tail -5 target/setup-rxe.log >&2; exit 1; }
-    fi
-    # (The cross-host RDMA scenario runs between two VMs in test-xhost.)
-    cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm.yaml --filter rdma {{args}}
+    [ "${WRINGER_NO_VM:-0}" = 1 ] || [ -e /sys/class/infiniband ] && exit 0
+    command -v vng >/dev/null && [ -d /opt/wringer-vm/boot ] && exit 0
+    echo "no RDMA device in this kernel: setting up the soft-RoCE VM once (just setup-rxe; WRINGER_NO_VM=1 opts out)"
+    mkdir -p target
+    just setup-rxe > target/setup-rxe.log 2>&1 || { echo "setup-rxe failed (log: target/setup-rxe.log); WRINGER_NO_VM=1 runs without the VM" >&2; tail -5 target/setup-rxe.log >&2; exit 1; }
 
 # The nightly job: test-local (and the scenarios against an inventory, when given), the benchmarks, then the HTML report with history in reports/site/.
 nightly hosts="": build-deps (apt "sockperf" "iperf3")
@@ -153,23 +135,12 @@ test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
     if grep -q '^kind: rxe-vm' {{hosts}}; then just setup-rxe; fi
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter rdma {{args}}
 
-# The cross-host scenarios against an inventory over SSH (default: three local container hosts, then the RDMA pair between two soft-RoCE VMs where the kernel has no RDMA device).
-test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client") external
+# The cross-host scenarios against an inventory over SSH (default: three local container hosts; where the kernel has no RDMA device, the RDMA pair runs between two soft-RoCE VMs, the containers profile's `rdma_vm:`).
+test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client") external rxe-if-needed
     #!/usr/bin/env bash
     set -uo pipefail
     if grep -q '^kind: containers' {{hosts}}; then just setup-containers || exit 1; fi
     cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter xhost {{args}}
-    first=$?
-    [ $first = 2 ] && exit 2
-    # The RDMA pair: two soft-RoCE VMs, where the containers stand in for the host pair.
-    second=0
-    if [ "{{hosts}}" = "hosts/containers.yaml" ] && [ -z "$(ls -A /sys/class/infiniband 2>/dev/null)" ] && [ "${WRINGER_NO_VM:-0}" != 1 ]; then
-        echo "RDMA pair: no RDMA device in this kernel, so rdma-xhost-* run between two soft-RoCE VMs (WRINGER_NO_VM=1 opts out)"
-        just setup-rxe > target/setup-rxe.log 2>&1 || { echo "RDMA pair: setup-rxe failed (log: target/setup-rxe.log)" >&2; exit 1; }
-        cargo run --release -q -p harness --bin wringer -- run --hosts hosts/rxe-vm-pair.yaml --filter rdma-xhost {{args}}
-        second=$?
-    fi
-    exit $(( first > second ? first : second ))
 
 # Our transport and coordinator against sockperf and iperf3, alternating in rounds (median ratio with its spread in reports/bench/; --quick for CI), then the criterion benches.
 bench *args="": build-deps (apt "sockperf" "iperf3")

@@ -60,8 +60,11 @@ enum Command {
         #[arg(long, default_value = "hosts/local.yaml")]
         hosts: PathBuf,
         /// List the metrics the step kinds declare (name, unit, which way is better) instead.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "kinds")]
         metrics: bool,
+        /// List the step kinds (the registry) and what each is for instead.
+        #[arg(long)]
+        kinds: bool,
     },
     /// Show what each host of the profile has (probed on the host itself, over SSH for remote
     /// profiles). Without --hosts: this machine.
@@ -180,6 +183,12 @@ fn main() -> ExitCode {
             let mut files = ReportWriter::default();
             runner::run(scenarios, &profile, &opts, &mut [&mut progress, &mut files])
         })(),
+        Command::List { kinds: true, .. } => {
+            for (name, about) in harness::rank::steps::Step::ABOUT {
+                harness::say!("{name:<28} {about}");
+            }
+            Ok(0)
+        }
         Command::List { metrics: true, .. } => {
             for m in harness::model::metric::Metric::all() {
                 let unit = serde_json::to_value(m.unit()).unwrap_or_default();

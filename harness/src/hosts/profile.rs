@@ -48,6 +48,15 @@ pub struct HostProfile {
     /// and a file of more of them (relative to this profile's folder).
     #[serde(default)]
     pub known_failures_file: Option<PathBuf>,
+    /// `local` and `containers` profiles: where the scenarios that need RDMA run when the
+    /// hosts' kernel has no RDMA device: an `rxe-vm` profile for `local`, an `rxe-vm-pair` one
+    /// for `containers` (relative to this profile's folder). WRINGER_NO_VM=1 skips them
+    /// instead.
+    #[serde(default)]
+    pub rdma_vm: Option<PathBuf>,
+    /// That profile, read and checked.
+    #[serde(skip)]
+    pub rdma_fallback: Option<Box<HostProfile>>,
     /// Both, read and checked.
     #[serde(skip)]
     pub known: Vec<KnownFailure>,
@@ -179,6 +188,26 @@ pub fn load(path: &Path) -> Result<HostProfile, InputError> {
         let f = path.parent().unwrap_or(Path::new(".")).join(f);
         p.known.extend(known::load(&f)?);
     }
+    if let Some(f) = &p.rdma_vm {
+        let f = path.parent().unwrap_or(Path::new(".")).join(f);
+        let vm = load(&f)?;
+        let wanted = match p.kind {
+            ProfileKind::Containers => ProfileKind::RxeVmPair,
+            _ => ProfileKind::RxeVm,
+        };
+        if vm.kind != wanted {
+            return Err(InputError::plain(
+                path,
+                format!(
+                    "rdma_vm names {}, a {:?} profile: a {:?} profile's must be {wanted:?}",
+                    f.display(),
+                    vm.kind,
+                    p.kind
+                ),
+            ));
+        }
+        p.rdma_fallback = Some(Box::new(vm));
+    }
     Ok(p)
 }
 
@@ -199,6 +228,14 @@ pub fn parse(path: &Path, text: &str) -> Result<HostProfile, InputError> {
 
 fn check(path: &Path, p: &HostProfile) -> Result<(), InputError> {
     match p.kind {
+        _ if p.rdma_vm.is_some()
+            && !matches!(p.kind, ProfileKind::Local | ProfileKind::Containers) =>
+        {
+            return Err(InputError::plain(
+                path,
+                "only `local` and `containers` profiles take `rdma_vm` (the others bring their own RDMA hosts)",
+            ));
+        }
         ProfileKind::Local => {
             if p.containers.is_some() || !p.hosts.is_empty() {
                 return Err(InputError::plain(

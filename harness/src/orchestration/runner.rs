@@ -15,12 +15,13 @@ use super::events::{Counts, Reporter, RunEvent, RunMeta};
 use super::policy::{Decision, Policy};
 use super::preflight;
 use crate::hosts::placement::Placement;
+use crate::hosts::probe::HostFacts;
 use crate::hosts::profile::{HostProfile, ProfileKind};
 use crate::hosts::vm;
 use crate::model::failure::{Failed, Failure};
 use crate::model::known;
 use crate::model::metric::{Metric, SampleKey};
-use crate::model::requirement::{SkipCode, SkipReason};
+use crate::model::requirement::{Requirement, SkipCode, SkipReason};
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
 use crate::model::scenario::{AuditCheck, Perturb};
 use crate::rank::steps::Loaded;
@@ -101,14 +102,36 @@ pub fn run(
         host_control: placement.containers().is_some(),
         no_audit: opts.no_audit,
     };
-    if matches!(profile.kind, ProfileKind::RxeVm | ProfileKind::RxeVmPair) {
-        // The whole run happens inside the VM; its results are recorded here as they are.
-        let results = in_vm(&selected, profile, &policy, opts, seed, &dir, &interrupted);
-        for (i, mut result) in results.into_iter().enumerate() {
-            known::apply(&mut result, &profile.known, opts.strict);
-            out.finished(i, result)?;
-        }
+    // Where the kernel has no RDMA device, a local profile's `rdma_vm` runs the scenarios that
+    // need RDMA; the rest run here.
+    let (for_vm, here, vm): (Vec<&Loaded>, Vec<&Loaded>, _) = if matches!(
+        profile.kind,
+        ProfileKind::RxeVm | ProfileKind::RxeVmPair
+    ) {
+        (selected, vec![], Some(profile))
+    } else if let Some(vm) = rdma_vm_here(profile, &facts) {
+        eprintln!(
+                "no RDMA device in this kernel: the scenarios that need RDMA run in the soft-RoCE VMs of {} (WRINGER_NO_VM=1 skips them instead)",
+                vm.file.display()
+            );
+        let (rdma, rest) = selected
+            .into_iter()
+            .partition(|l| l.scenario.requires.contains(&Requirement::Rdma));
+        (rdma, rest, Some(vm))
     } else {
+        (vec![], selected, None)
+    };
+    let mut position = 0;
+    if let Some(vm) = vm.filter(|_| !for_vm.is_empty()) {
+        // The VM's run happens inside it; its results are recorded here as they are.
+        let results = in_vm(&for_vm, vm, &policy, opts, seed, &dir, &interrupted);
+        for mut result in results {
+            known::apply(&mut result, &profile.known, opts.strict);
+            out.finished(position, result)?;
+            position += 1;
+        }
+    }
+    {
         let cx = RunContext {
             profile_audit: &profile.audit,
             placement: &placement,
@@ -117,7 +140,9 @@ pub fn run(
             dir: &dir,
             interrupted: &interrupted,
         };
-        for (i, loaded) in selected.iter().enumerate() {
+        for loaded in here {
+            let i = position;
+            position += 1;
             if interrupted.load(Ordering::Relaxed) {
                 break;
             }
@@ -155,6 +180,15 @@ pub fn run(
     } else {
         0
     })
+}
+
+/// The profile that runs this run's RDMA scenarios instead of `profile`: its `rdma_vm`, when
+/// no host's kernel has an RDMA device and WRINGER_NO_VM is not 1.
+fn rdma_vm_here<'p>(profile: &'p HostProfile, facts: &[HostFacts]) -> Option<&'p HostProfile> {
+    let vm = profile.rdma_fallback.as_deref()?;
+    let no_device = !facts.is_empty() && facts.iter().all(|f| f.rdma_absent.is_some());
+    let opted_out = std::env::var("WRINGER_NO_VM").is_ok_and(|v| v == "1");
+    (no_device && !opted_out).then_some(vm)
 }
 
 /// The reporters and the running counts.

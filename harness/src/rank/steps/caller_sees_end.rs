@@ -55,6 +55,10 @@ const SLICE: Duration = Duration::from_millis(20);
 const PATIENCE: Duration = Duration::from_secs(5);
 const NOTED: usize = 6;
 
+impl super::Describe for CallerSeesEnd {
+    const ABOUT: &'static str = "a reset, truncation or garbage read by a caller reaches every caller, `send` and `flush`";
+}
+
 impl StepSpec for CallerSeesEnd {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -52,6 +52,10 @@ const NUDGES: usize = 8;
 const PATIENCE: Duration = Duration::from_secs(5);
 const NOTED: usize = 4;
 
+impl super::Describe for CloseDuringRecv {
+    const ABOUT: &'static str = "close with callers blocked in recv: local shutdown and close within a bound";
+}
+
 impl StepSpec for CloseDuringRecv {
     fn metrics(&self) -> &'static [Metric] {
         &[

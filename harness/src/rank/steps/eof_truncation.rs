@@ -30,6 +30,10 @@ pub struct EofTruncation {
     pub deadline: Dur,
 }
 
+impl super::Describe for EofTruncation {
+    const ABOUT: &'static str = "clean EOF, truncated header or payload, garbage, local shutdown told apart";
+}
+
 impl StepSpec for EofTruncation {
     fn metrics(&self) -> &'static [Metric] {
         &[EOF_CASES, EOF_MISCLASSIFIED]

@@ -50,6 +50,10 @@ const MAX_RANDOM_SPLITS: u32 = 64;
 /// How long a write may wait for the receiver to make room.
 const STALLED_WRITE: Duration = Duration::from_secs(10);
 
+impl super::Describe for ExactReads {
+    const ABOUT: &'static str = "a raw peer dribbles and splits frames; every frame read whole";
+}
+
 impl StepSpec for ExactReads {
     fn metrics(&self) -> &'static [Metric] {
         &[

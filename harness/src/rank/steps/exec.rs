@@ -242,6 +242,10 @@ pub struct Record {
 const TAIL_LINES: usize = 12;
 const POLL: Duration = Duration::from_millis(10);
 
+impl super::Describe for Exec {
+    const ABOUT: &'static str = "programs nobody here wrote as ranks (see below)";
+}
+
 impl StepSpec for Exec {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -26,6 +26,10 @@ pub struct ExitBeforeFirstExchange {
     pub deadline: Dur,
 }
 
+impl super::Describe for ExitBeforeFirstExchange {
+    const ABOUT: &'static str = "a rank leaves before a lazily connected group's first exchange";
+}
+
 impl StepSpec for ExitBeforeFirstExchange {
     fn metrics(&self) -> &'static [Metric] {
         &[SURVIVOR_DETECTED, DETECT_MS]

@@ -27,6 +27,10 @@ crate::declare_metrics! {
 #[serde(transparent)]
 pub struct GpuPingpongRdma(pub GpuParams);
 
+impl super::Describe for GpuPingpongRdma {
+    const ABOUT: &'static str = "device buffers over RC WRITE (dmabuf or staged)";
+}
+
 impl StepSpec for GpuPingpongRdma {
     fn metrics(&self) -> &'static [Metric] {
         &[

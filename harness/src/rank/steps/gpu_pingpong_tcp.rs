@@ -22,6 +22,10 @@ use crate::model::scenario::StepSpec;
 #[serde(transparent)]
 pub struct GpuPingpongTcp(pub GpuParams);
 
+impl super::Describe for GpuPingpongTcp {
+    const ABOUT: &'static str = "device buffers over TCP (pinned staging), checked on the GPU";
+}
+
 impl StepSpec for GpuPingpongTcp {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -61,6 +61,10 @@ const PATIENCE: Duration = Duration::from_secs(5);
 /// Violations described in the notes (the count covers them all).
 const NOTED: usize = 5;
 
+impl super::Describe for HandoverOrder {
+    const ABOUT: &'static str = "frames in order and exactly once across a caller's own reads, the receiver's queue, the hand-over between them and several callers (a scripted raw peer)";
+}
+
 impl StepSpec for HandoverOrder {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -38,6 +38,10 @@ pub struct LazyConnect {
     pub deadline: Dur,
 }
 
+impl super::Describe for LazyConnect {
+    const ABOUT: &'static str = "Gloo's listener-side cases (timeouts, late sockets, duplicates, shutdown)";
+}
+
 impl StepSpec for LazyConnect {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -72,6 +72,10 @@ impl std::fmt::Display for Seen {
     }
 }
 
+impl super::Describe for LazyConnectDeadlineRace {
+    const ABOUT: &'static str = "hundreds of connects across the wait's deadline; both sides must agree on each";
+}
+
 impl StepSpec for LazyConnectDeadlineRace {
     fn metrics(&self) -> &'static [Metric] {
         &[

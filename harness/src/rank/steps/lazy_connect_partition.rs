@@ -32,6 +32,10 @@ pub struct LazyConnectPartition {
 /// The point its ranks report, where a scenario's fault may strike.
 const PARTITIONED: &str = "partitioned";
 
+impl super::Describe for LazyConnectPartition {
+    const ABOUT: &'static str = "a silent link cut during a lazy connect; both sides fail in time";
+}
+
 impl StepSpec for LazyConnectPartition {
     fn points(&self) -> Vec<String> {
         vec![PARTITIONED.into()]

@@ -76,6 +76,10 @@ impl Case {
 /// The point its ranks report, where a scenario's fault may strike.
 const HELLO_READ: &str = "hello-read";
 
+impl super::Describe for ListenerNeverAnswers {
+    const ABOUT: &'static str = "an adversarial listener stays silent, half answers or closes (or its link is cut)";
+}
+
 impl StepSpec for ListenerNeverAnswers {
     fn points(&self) -> Vec<String> {
         vec![HELLO_READ.into()]

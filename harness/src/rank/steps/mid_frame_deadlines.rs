@@ -54,6 +54,10 @@ const LARGE: (u64, u64) = (9 << 10, 256 << 10);
 /// How long a command, or the wait for the bytes up to a cut, may take.
 const PATIENCE: Duration = Duration::from_secs(5);
 
+impl super::Describe for MidFrameDeadlines {
+    const ABOUT: &'static str = "`recv` deadlines expiring at seeded cuts inside headers and payloads; each frame then whole";
+}
+
 impl StepSpec for MidFrameDeadlines {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -1,7 +1,8 @@
 //! The step kinds, one file each, behind one trait and one registry.
 //!
 //! A new step kind is a file holding its parameters (the YAML mapping under the kind's name),
-//! its [`StepKind`] implementation and its unit tests, plus one line in [`registry!`] below.
+//! its metrics (`declare_metrics!`), its [`Describe`] line, its [`StepKind`] implementation
+//! and its unit tests, plus one line in [`registry!`] below. Nothing else lists the kinds.
 
 mod external;
 pub use external::wall_us;
@@ -46,6 +47,12 @@ pub trait StepKind: StepSpec {
     fn preflight(&self) -> Vec<Preflight> {
         vec![]
     }
+}
+
+/// What a step kind is for, in one line: `wringer list --kinds` prints it beside the kind's
+/// name, so the kind's file is the only place it is written.
+pub trait Describe {
+    const ABOUT: &'static str;
 }
 
 /// A scenario fault that struck a rank (or its host), and when, in µs since the Unix epoch.
@@ -95,6 +102,10 @@ macro_rules! registry {
         impl Step {
             /// Every registered kind's name, in registry order.
             pub const NAMES: &'static [&'static str] = &[$($name),*];
+
+            /// Every registered kind's name and what it is for, in registry order.
+            pub const ABOUT: &'static [(&'static str, &'static str)] =
+                &[$(($name, <$module::$ty as Describe>::ABOUT)),*];
 
             pub fn kind(&self) -> &dyn StepKind {
                 match self { $(Step::$variant(p) => p,)* }

@@ -28,6 +28,10 @@ pub struct PeerDeath {
 /// The point its ranks report, where a scenario's fault may strike.
 const MID_STREAM: &str = "mid-stream";
 
+impl super::Describe for PeerDeath {
+    const ABOUT: &'static str = "a streaming peer killed or frozen; the survivor detects it in time";
+}
+
 impl StepSpec for PeerDeath {
     fn points(&self) -> Vec<String> {
         vec![MID_STREAM.into()]

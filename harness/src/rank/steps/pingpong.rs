@@ -33,6 +33,10 @@ pub struct Pingpong {
 /// The point its ranks report, where a scenario's fault may strike.
 const MESH_READY: &str = "mesh-ready";
 
+impl super::Describe for Pingpong {
+    const ABOUT: &'static str = "full-mesh ping-pong, every byte checked, latency per size";
+}
+
 impl StepSpec for Pingpong {
     fn points(&self) -> Vec<String> {
         vec![MESH_READY.into()]

@@ -41,6 +41,10 @@ pub struct RdmaGracefulShutdown {
     pub deadline: Dur,
 }
 
+impl super::Describe for RdmaGracefulShutdown {
+    const ABOUT: &'static str = "DAQIRI-shaped server: workers joined, pool returned, stats thread live";
+}
+
 impl StepSpec for RdmaGracefulShutdown {
     fn metrics(&self) -> &'static [Metric] {
         &[

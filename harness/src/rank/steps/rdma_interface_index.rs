@@ -28,6 +28,10 @@ pub struct RdmaInterfaceIndex {
     pub deadline: Dur,
 }
 
+impl super::Describe for RdmaInterfaceIndex {
+    const ABOUT: &'static str = "the server picks interfaces by configured index, not port number";
+}
+
 impl StepSpec for RdmaInterfaceIndex {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -30,6 +30,10 @@ pub struct RdmaInteropRcPingpong {
     pub deadline: Dur,
 }
 
+impl super::Describe for RdmaInteropRcPingpong {
+    const ABOUT: &'static str = "ping-pong with rdma-core's `ibv_rc_pingpong`, both roles";
+}
+
 impl StepSpec for RdmaInteropRcPingpong {
     fn metrics(&self) -> &'static [Metric] {
         &[

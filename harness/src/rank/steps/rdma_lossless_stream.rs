@@ -31,6 +31,10 @@ pub struct RdmaLosslessStream {
     pub deadline: Dur,
 }
 
+impl super::Describe for RdmaLosslessStream {
+    const ABOUT: &'static str = "SENDs counted and checked, completion errors by status";
+}
+
 impl StepSpec for RdmaLosslessStream {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -28,6 +28,10 @@ pub struct RdmaPeerDeath {
 /// The point its ranks report, where a scenario's fault may strike.
 const MID_STREAM: &str = "mid-stream";
 
+impl super::Describe for RdmaPeerDeath {
+    const ABOUT: &'static str = "an RDMA peer killed mid-stream; the survivor detects it";
+}
+
 impl StepSpec for RdmaPeerDeath {
     fn points(&self) -> Vec<String> {
         vec![MID_STREAM.into()]

@@ -30,6 +30,10 @@ pub struct RdmaPingpong {
     pub deadline: Dur,
 }
 
+impl super::Describe for RdmaPingpong {
+    const ABOUT: &'static str = "RC SEND, WRITE with immediate and registered-region WRITE ping-pong";
+}
+
 impl StepSpec for RdmaPingpong {
     fn metrics(&self) -> &'static [Metric] {
         &[

@@ -33,6 +33,10 @@ pub struct RdmaXhostSend {
     pub deadline: Dur,
 }
 
+impl super::Describe for RdmaXhostSend {
+    const ABOUT: &'static str = "DAQIRI #113 across hosts: every SEND echoed";
+}
+
 impl StepSpec for RdmaXhostSend {
     fn metrics(&self) -> &'static [Metric] {
         &[

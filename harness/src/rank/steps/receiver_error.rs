@@ -30,6 +30,10 @@ pub struct ReceiverError {
     pub deadline: Dur,
 }
 
+impl super::Describe for ReceiverError {
+    const ABOUT: &'static str = "a receiver's failure reaches send and flush";
+}
+
 impl StepSpec for ReceiverError {
     fn metrics(&self) -> &'static [Metric] {
         &[SEND_SAW_RECEIVER_ERROR, FLUSH_SAW_RECEIVER_ERROR]

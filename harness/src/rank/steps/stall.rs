@@ -19,6 +19,10 @@ pub struct Stall {
     pub deadline: Dur,
 }
 
+impl super::Describe for Stall {
+    const ABOUT: &'static str = "a watchdog self-test";
+}
+
 impl StepSpec for Stall {
     fn metrics(&self) -> &'static [Metric] {
         &[]

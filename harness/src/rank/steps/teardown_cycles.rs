@@ -31,6 +31,10 @@ pub struct TeardownCycles {
     pub deadline: Dur,
 }
 
+impl super::Describe for TeardownCycles {
+    const ABOUT: &'static str = "MSCCL++ teardown: receivers blocked in recv, ordered close, fd and thread counts";
+}
+
 impl StepSpec for TeardownCycles {
     fn metrics(&self) -> &'static [Metric] {
         &[
