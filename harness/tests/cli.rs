@@ -129,6 +129,11 @@ fn broken_yaml_is_exit_two_with_file_line_and_column() {
         ("unknown-key.yaml", ":5:1:", "unknown field `stepz`"),
         ("bad-type.yaml", ":7:15:", "invalid u32"),
         (
+            "renamed-kind.yaml",
+            ":9:",
+            "step kind `rdma-peer-death` is now `peer-death` with `fabric: rdma`",
+        ),
+        (
             "misspelt-fault-point.yaml",
             ":11:5:",
             "fault at `midstream`: no step reaches that point, so the fault would never strike; its steps report `mid-stream`",

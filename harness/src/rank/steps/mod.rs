@@ -5,6 +5,7 @@
 //! and its unit tests, plus one line in [`registry!`] below. Nothing else lists the kinds.
 
 mod external;
+pub mod fabric;
 pub use external::wall_us;
 mod gpu_support;
 mod raw_peer;
@@ -90,13 +91,48 @@ pub enum Preflight {
 /// The registry: each line names a step kind as YAML spells it and the file (module) that
 /// holds it; the line declares the module too.
 macro_rules! registry {
-    ($($variant:ident($module:ident::$ty:ident) = $name:literal,)*) => {
+    (
+        $($variant:ident($module:ident::$ty:ident) = $name:literal,)*
+        ;
+        renamed: $($old_variant:ident = $old:literal => $now:literal,)*
+    ) => {
         $(pub mod $module;)*
 
         /// One step of a scenario: the kind's name as the YAML key, its parameters as the value.
         #[derive(Clone, Debug, Deserialize, Serialize)]
         pub enum Step {
             $(#[serde(rename = $name)] $variant($module::$ty),)*
+            // Kinds that were renamed: reading one is an error at its line that says what to
+            // write now; they never hold a value.
+            $(#[doc(hidden)] #[serde(rename = $old)] $old_variant(renamed::$old_variant),)*
+        }
+
+        /// One type per renamed kind whose reading fails with what to write instead.
+        mod renamed {
+            use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+            #[derive(Clone, Debug)]
+            pub enum Never {}
+
+            $(
+                #[derive(Clone, Debug)]
+                pub struct $old_variant(pub Never);
+
+                impl<'de> Deserialize<'de> for $old_variant {
+                    fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+                        Err(serde::de::Error::custom(format!(
+                            "step kind `{}` is now {}",
+                            $old, $now
+                        )))
+                    }
+                }
+
+                impl Serialize for $old_variant {
+                    fn serialize<S: Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                        match self.0 {}
+                    }
+                }
+            )*
         }
 
         impl Step {
@@ -108,11 +144,17 @@ macro_rules! registry {
                 &[$(($name, <$module::$ty as Describe>::ABOUT)),*];
 
             pub fn kind(&self) -> &dyn StepKind {
-                match self { $(Step::$variant(p) => p,)* }
+                match self {
+                    $(Step::$variant(p) => p,)*
+                    $(Step::$old_variant(r) => match r.0 {},)*
+                }
             }
 
             fn kind_name(&self) -> &'static str {
-                match self { $(Step::$variant(_) => $name,)* }
+                match self {
+                    $(Step::$variant(_) => $name,)*
+                    $(Step::$old_variant(r) => match r.0 {},)*
+                }
             }
         }
     };
@@ -133,7 +175,6 @@ registry! {
     RdmaLosslessStream(rdma_lossless_stream::RdmaLosslessStream) = "rdma-lossless-stream",
     RdmaGracefulShutdown(rdma_graceful_shutdown::RdmaGracefulShutdown) = "rdma-graceful-shutdown",
     RdmaInterfaceIndex(rdma_interface_index::RdmaInterfaceIndex) = "rdma-interface-index",
-    RdmaPeerDeath(rdma_peer_death::RdmaPeerDeath) = "rdma-peer-death",
     RdmaXhostSend(rdma_xhost_send::RdmaXhostSend) = "rdma-xhost-send",
     RdmaInteropRcPingpong(rdma_interop_rc_pingpong::RdmaInteropRcPingpong) = "rdma-interop-rc-pingpong",
     GpuPingpongTcp(gpu_pingpong_tcp::GpuPingpongTcp) = "gpu-pingpong-tcp",
@@ -145,6 +186,9 @@ registry! {
     CloseDuringRecv(close_during_recv::CloseDuringRecv) = "close-during-recv",
     Stall(stall::Stall) = "stall",
     Exec(exec::Exec) = "exec",
+    ;
+    renamed:
+    RdmaPeerDeath = "rdma-peer-death" => "`peer-death` with `fabric: rdma` (and `victim: 1`, the default)",
 }
 
 impl Named for Step {
