@@ -9,12 +9,12 @@ test: build-deps (apt "chromium" "strace") cuda-tools
     WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
     cargo clippy --workspace --all-targets --all-features -- -D warnings
     # The GPU feature without RDMA must build on its own too.
-    cargo clippy -p transport --features gpu --all-targets -- -D warnings
+    cargo clippy -p wringer-transport --features gpu --all-targets -- -D warnings
     cargo fmt --all --check
 
 # The main job: build in release and run every scenario this machine can run (loopback by default), the external programs' scenarios (Gloo, libfabric, UCX) included. Where the kernel has no RDMA device, `wringer run` sends the scenarios that need RDMA to the profile's soft-RoCE VM (`rdma_vm:`, set up once here); WRINGER_NO_VM=1 skips them instead.
 test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace") external rxe-if-needed
-    PATH="$PWD/target/external:$PATH" cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} {{args}}
+    PATH="$PWD/target/external:$PATH" cargo run --release -q -p wringer --bin wringer -- run --hosts {{hosts}} {{args}}
 
 # Set up the soft-RoCE VM once (setup-rxe) where this kernel has no RDMA; whether a run uses it is wringer's decision (the profile's `rdma_vm:`).
 [private]
@@ -32,8 +32,8 @@ nightly hosts="": build-deps (apt "sockperf" "iperf3")
     #!/usr/bin/env bash
     set -uo pipefail
     run="reports/nightly-$(date -u +%Y%m%d-%H%M%S)"
-    cargo build --release -q -p harness || exit 2
-    w="cargo run --release -q -p harness --bin wringer --"
+    cargo build --release -q -p wringer || exit 2
+    w="cargo run --release -q -p wringer --bin wringer --"
     status=0
     $w run --hosts hosts/local.yaml --report-dir "$run/local" || status=1
     $w bench --out "$run/local" || status=1
@@ -49,7 +49,7 @@ nightly hosts="": build-deps (apt "sockperf" "iperf3")
 
 # Parse and check every scenario and the runnable host profiles (the example pair inventories hold placeholders on purpose).
 validate:
-    cargo run -q -p harness -- validate scenarios hosts/local.yaml hosts/containers.yaml hosts/rxe.yaml hosts/rxe-vm.yaml hosts/rxe-vm-pair.yaml hosts/slurm-containers.yaml hosts/slurm/hold.yaml hosts/slurm/watchdog.yaml
+    cargo run -q -p wringer -- validate scenarios hosts/local.yaml hosts/containers.yaml hosts/rxe.yaml hosts/rxe-vm.yaml hosts/rxe-vm-pair.yaml hosts/slurm-containers.yaml hosts/slurm/hold.yaml hosts/slurm/watchdog.yaml
 
 # The programs the exec scenarios run: Debian's Gloo, libfabric and UCX, and wringer-gloo (a small driver for the real Gloo, external/gloo) built into target/external.
 external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++")
@@ -74,7 +74,7 @@ torch_releases := "2.8.0 2.15.0"
 test-torch hosts="hosts/local.yaml" *args="": build-deps external-torch
     #!/usr/bin/env bash
     set -uo pipefail
-    cargo build --release -q -p harness || exit 2
+    cargo build --release -q -p wringer || exit 2
     w="${CARGO_TARGET_DIR:-target}/release/wringer"
     $w run --hosts {{hosts}} {{args}} scenarios/torch-*.yaml
     first=$?
@@ -99,7 +99,7 @@ setup-slurm: (apt "debootstrap" "openssh-client" "munge" "slurm-client")
 test-slurm hosts="hosts/slurm-containers.yaml" *args="": build-deps setup-slurm external
     #!/usr/bin/env bash
     set -uo pipefail
-    cargo build --release -q -p harness || exit 2
+    cargo build --release -q -p wringer || exit 2
     w="${CARGO_TARGET_DIR:-target}/release/wringer"
     PATH="$PWD/target/external:$PATH" $w run --hosts {{hosts}} {{args}} \
         scenarios/tcp-xhost-*.yaml scenarios/gloo-xhost-*.yaml scenarios/tcp-peer-death.yaml scenarios/tcp-pingpong-8rank.yaml
@@ -120,7 +120,7 @@ setup-rxe:
 rdma-blind-spot: build-deps setup-rxe
     #!/usr/bin/env bash
     set -uo pipefail
-    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p harness --features harness/bug-injection || exit 2
+    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p wringer --features wringer/bug-injection || exit 2
     w=target/bug-injection/release/wringer
     out=reports/rdma-blind-spot
     WRINGER_TRANSPORT_BUG=lock-across-join $w run --hosts hosts/rxe-vm.yaml --report-dir $out/with-bug scenarios/rdma-graceful-shutdown.yaml
@@ -133,34 +133,34 @@ rdma-blind-spot: build-deps setup-rxe
 # The RDMA scenarios. Default: inside a soft-RoCE VM (hosts/rxe-vm.yaml); on a host with RDMA, pass a profile that has it.
 test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
     if grep -q '^kind: rxe-vm' {{hosts}}; then just setup-rxe; fi
-    cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter rdma {{args}}
+    cargo run --release -q -p wringer --bin wringer -- run --hosts {{hosts}} --filter rdma {{args}}
 
 # The cross-host scenarios against an inventory over SSH (default: three local container hosts; where the kernel has no RDMA device, the RDMA pair runs between two soft-RoCE VMs, the containers profile's `rdma_vm:`).
 test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client") external rxe-if-needed
     #!/usr/bin/env bash
     set -uo pipefail
     if grep -q '^kind: containers' {{hosts}}; then just setup-containers || exit 1; fi
-    cargo run --release -q -p harness --bin wringer -- run --hosts {{hosts}} --filter xhost {{args}}
+    cargo run --release -q -p wringer --bin wringer -- run --hosts {{hosts}} --filter xhost {{args}}
 
 # Our transport and coordinator against sockperf and iperf3, alternating in rounds (median ratio with its spread in reports/bench/; --quick for CI), then the criterion benches.
 bench *args="": build-deps (apt "sockperf" "iperf3")
-    cargo run --release -q -p harness --bin wringer -- bench --out reports/bench {{args}}
-    cargo bench -p transport --bench frame --bench tcp
+    cargo run --release -q -p wringer --bin wringer -- bench --out reports/bench {{args}}
+    cargo bench -p wringer-transport --bench frame --bench tcp
 
 # The bench twice in a row, the second against the first: how far each median ratio moves (the method promises under 15% on every TCP row).
 bench-twice *args="": build-deps (apt "sockperf" "iperf3")
-    cargo run --release -q -p harness --bin wringer -- bench --out reports/bench-1 {{args}}
-    cargo run --release -q -p harness --bin wringer -- bench --out reports/bench-2 --against reports/bench-1/bench.json {{args}}
+    cargo run --release -q -p wringer --bin wringer -- bench --out reports/bench-1 {{args}}
+    cargo run --release -q -p wringer --bin wringer -- bench --out reports/bench-2 --against reports/bench-1/bench.json {{args}}
 
 # Launchers compared: start 8, 32 and 64 ranks over three hosts and finish the rendezvous, through srun on the Slurm test cluster against the SSH fan-out to the container hosts (alternating rounds; reports/bench-launch/).
 bench-launch *args="": build-deps setup-slurm setup-containers
-    cargo run --release -q -p harness --bin wringer -- bench --launch-slurm hosts/slurm-containers.yaml --launch-ssh hosts/containers.yaml --ranks 8,32,64 --out reports/bench-launch {{args}}
+    cargo run --release -q -p wringer --bin wringer -- bench --launch-slurm hosts/slurm-containers.yaml --launch-ssh hosts/containers.yaml --ranks 8,32,64 --out reports/bench-launch {{args}}
 
 # The RDMA rows of the bench (ours vs ib_send_lat and ib_write_bw, same VM, same sizes), inside a soft-RoCE VM.
 bench-rdma: build-deps setup-rxe
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build --release -q -p harness
+    cargo build --release -q -p wringer
     out="$PWD/reports/bench-rdma"
     mkdir -p "$out"
     printf '%s\n' 'modprobe rdma_rxe' 'ip link add wrx0a type veth peer name wrx0b' 'ip link set wrx0a up' 'ip link set wrx0b up' \
@@ -173,10 +173,10 @@ bench-rdma: build-deps setup-rxe
 gpu-bundle: build-deps
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build --release -q -p harness
+    cargo build --release -q -p wringer
     mkdir -p target/gpu-check/tests
     strip -o target/gpu-check/wringer target/release/wringer
-    cargo test --release -q -p transport --features gpu,rdma --test gpu --no-run --message-format=json \
+    cargo test --release -q -p wringer-transport --features gpu,rdma --test gpu --no-run --message-format=json \
         | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]' \
         | while read -r t; do strip -o target/gpu-check/tests/transport-gpu "$t"; done
     ls -la target/gpu-check target/gpu-check/tests
@@ -184,10 +184,10 @@ gpu-bundle: build-deps
 # Mutation testing of the transport's lifecycle modules (cargo-mutants), writes mutants.out/: every mutant against the transport's own tests, then the ones they let through against the loopback TCP scenarios and the audit's bug-switch tests as well.
 mutants *args="": build-deps (apt "strace")
     command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
-    cargo mutants --test-tool nextest --package transport --test-package transport --features transport/bug-injection \
+    cargo mutants --test-tool nextest --package wringer-transport --test-package wringer-transport --features wringer-transport/bug-injection \
         {{mutated}} --timeout 90 -j 2 --output mutants.out {{args}} || true
-    cargo mutants --iterate --baseline skip --test-tool nextest --package transport --test-package transport --test-package harness \
-        --features harness/bug-injection {{mutated}} --timeout 900 --output mutants.out {{args}} \
+    cargo mutants --iterate --baseline skip --test-tool nextest --package wringer-transport --test-package wringer-transport --test-package wringer \
+        --features wringer/bug-injection {{mutated}} --timeout 900 --output mutants.out {{args}} \
         -- --run-ignored all -E 'package(transport) | binary(tcp_scenarios) | binary(audit) | binary(blind_spots)'
     # (nextest: the fd and thread counting tests need a process of their own.)
 

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const LAYERS: [&str; 5] = ["model", "hosts", "rank", "orchestration", "outputs"];
+// `cli` is the binary's own (one module per subcommand), above every layer of the library.
+const LAYERS: [&str; 6] = ["model", "hosts", "rank", "orchestration", "outputs", "cli"];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -283,7 +284,7 @@ fn every_step_kind_records_only_what_it_declares() {
     }
     assert_eq!(
         kinds,
-        harness::rank::steps::Step::NAMES.len(),
+        wringer::rank::steps::Step::NAMES.len(),
         "every registered step kind is a file of its own"
     );
 }
@@ -297,7 +298,7 @@ fn every_registered_kind_has_its_own_file() {
         .collect();
     assert_eq!(
         lines.len(),
-        harness::rank::steps::Step::NAMES.len(),
+        wringer::rank::steps::Step::NAMES.len(),
         "{lines:?}"
     );
     for l in lines {

@@ -9,8 +9,8 @@ use std::process::Command;
 mod common;
 
 use common::repo;
-use harness::model::scenario::AuditCheck;
-use harness::orchestration::audit;
+use wringer::model::scenario::AuditCheck;
+use wringer::orchestration::audit;
 
 fn need(tool: &str) {
     let found = std::env::var_os("PATH")

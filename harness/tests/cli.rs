@@ -540,7 +540,7 @@ fn a_closed_stdout_is_not_a_panic() {
 /// report; on a host with one, this test has nothing to prove and says so.
 #[test]
 fn gpu_scenarios_skip_with_the_no_gpu_reason_where_there_is_no_gpu() {
-    if transport::gpu::inventory().is_ok() {
+    if wringer_transport::gpu::inventory().is_ok() {
         eprintln!("skipped: this host has a usable NVIDIA GPU; the scenarios run instead");
         return;
     }

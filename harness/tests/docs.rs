@@ -157,7 +157,7 @@ fn the_readme_scenario_is_a_valid_scenario() {
         .collect();
     assert!(!blocks.is_empty(), "the README shows no scenario");
     for b in blocks {
-        harness::rank::steps::parse(&repo().join("README.md"), b)
+        wringer::rank::steps::parse(&repo().join("README.md"), b)
             .unwrap_or_else(|e| panic!("the README's scenario does not load: {e}"));
     }
 }

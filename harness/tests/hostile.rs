@@ -61,7 +61,7 @@ fn every_parameter_that_sizes_work_has_a_bound() {
         format!("rdma-lossless-stream: {{ messages: {huge}, size: 64, deadline: 10s }}"),
         format!("rdma-interop-rc-pingpong: {{ size: 64, iterations: {huge}, deadline: 10s }}"),
         format!("rdma-graceful-shutdown: {{ connections: {huge}, messages: 1, stats_period: 5ms, deadline: 10s }}"),
-        format!("rdma-peer-death: {{ frames_before_fault: {huge}, detect_timeout: 1s, deadline: 10s }}"),
+        format!("peer-death: {{ fabric: rdma, frames_before_fault: {huge}, detect_timeout: 1s, deadline: 10s }}"),
         format!("rdma-xhost-send: {{ messages: {huge}, server_seconds: 1s, deadline: 10s }}"),
         format!("peer-death: {{ victim: 1, frames_before_fault: {huge}, detect_timeout: 1s, deadline: 10s }}"),
         format!("exact-reads: {{ dribbled_frames: 1, split_payload_bytes: {huge}, large_sizes: [], random_splits: 0, deadline: 10s }}"),

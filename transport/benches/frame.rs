@@ -2,7 +2,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use transport::frame::{Decoder, Frame, Kind};
+use wringer_transport::frame::{Decoder, Frame, Kind};
 
 fn codec(c: &mut Criterion) {
     let mut g = c.benchmark_group("frame");

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use transport::rdma::rc::{connect, RcListener, RcOptions, Received};
+use wringer_transport::rdma::rc::{connect, RcListener, RcOptions, Received};
 
 fn main() {
     let addr: SocketAddr = std::env::args()

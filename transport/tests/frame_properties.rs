@@ -2,7 +2,7 @@
 //! decodes to the same frames, and the end of the stream is classified correctly.
 
 use proptest::prelude::*;
-use transport::frame::{Decoder, Frame, Kind, ReadOutcome};
+use wringer_transport::frame::{Decoder, Frame, Kind, ReadOutcome};
 
 fn frame_strategy() -> impl Strategy<Value = Frame> {
     (

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rstest::rstest;
-use transport::frame::{Frame, FrameError, Kind, Section, MAGIC};
-use transport::{Error, ReceiverError, Terminal};
+use wringer_transport::frame::{Frame, FrameError, Kind, Section, MAGIC};
+use wringer_transport::{Error, ReceiverError, Terminal};
 
 fn data(seq: u64, payload: Vec<u8>) -> Frame {
     Frame::new(Kind::Data, seq, payload).unwrap()
@@ -22,7 +22,7 @@ fn pattern(len: usize, salt: u8) -> Vec<u8> {
 }
 
 /// Wait (bounded) until the receiver has published how it ended.
-fn wait_terminal(conn: &transport::Connection) -> Terminal {
+fn wait_terminal(conn: &wringer_transport::Connection) -> Terminal {
     let deadline = Instant::now() + GENEROUS;
     loop {
         if let Some(t) = conn.terminal() {
@@ -57,7 +57,7 @@ fn frame_split_at_every_offset_arrives_intact() {
     let (conn, mut peer) = conn_and_raw_peer();
     peer.set_nodelay(true).unwrap();
     let len = 64;
-    let total = transport::frame::HEADER_LEN + len;
+    let total = wringer_transport::frame::HEADER_LEN + len;
     for split in 1..total {
         let f = data(split as u64 - 1, pattern(len, split as u8));
         let bytes = f.encode();
@@ -136,7 +136,7 @@ fn local_shutdown_mid_frame_is_local_shutdown_not_an_error() {
 #[case::bad_magic({ let mut h = data(0, vec![1]).encode(); h[0..4].copy_from_slice(b"HTTP"); h },
     FrameError::BadMagic { found: *b"HTTP" })]
 #[case::huge_length({ let mut h = data(0, vec![]).encode(); h[16..20].copy_from_slice(&u32::MAX.to_be_bytes()); h },
-    FrameError::TooLong { len: u32::MAX, max: transport::frame::DEFAULT_MAX_PAYLOAD })]
+    FrameError::TooLong { len: u32::MAX, max: wringer_transport::frame::DEFAULT_MAX_PAYLOAD })]
 #[case::bad_version({ let mut h = data(0, vec![]).encode(); h[4] = 99; h },
     FrameError::UnsupportedVersion { found: 99 })]
 fn garbage_header_is_a_typed_receiver_error(#[case] bytes: Vec<u8>, #[case] want: FrameError) {
@@ -233,11 +233,11 @@ fn busy_poll_receives_and_still_honours_the_timeout() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (ours, _) = listener.accept().unwrap();
-    let opts = transport::ConnectionOptions {
+    let opts = wringer_transport::ConnectionOptions {
         busy_poll: Some(Duration::from_millis(5)),
         ..Default::default()
     };
-    let conn = transport::Connection::from_stream(ours, opts).unwrap();
+    let conn = wringer_transport::Connection::from_stream(ours, opts).unwrap();
     let started = Instant::now();
     assert!(matches!(
         conn.recv(Duration::from_millis(50)),

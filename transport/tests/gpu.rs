@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use transport::gpu::tcp::TcpStaging;
-use transport::gpu::{inventory, pattern, Gpu, GpuError};
-use transport::{connect, ConnectOptions, Hello, Listener, ListenerOptions};
+use wringer_transport::gpu::tcp::TcpStaging;
+use wringer_transport::gpu::{inventory, pattern, Gpu, GpuError};
+use wringer_transport::{connect, ConnectOptions, Hello, Listener, ListenerOptions};
 
 /// `Some(gpu)` on a machine with one; `None` after checking that the absence is typed.
 fn gpu_or_typed_absence() -> Option<Gpu> {
@@ -24,7 +24,7 @@ fn gpu_or_typed_absence() -> Option<Gpu> {
 
 #[test]
 fn without_libcuda_open_and_inventory_are_typed_no_driver_errors() {
-    if transport::gpu::libcuda_present() {
+    if wringer_transport::gpu::libcuda_present() {
         eprintln!("skipped: libcuda is present here; the GPU round-trip tests cover this host");
         return;
     }

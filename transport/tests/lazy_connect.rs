@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
-use transport::{
+use wringer_transport::{
     connect, ConnectOptions, Connection, Error, Hello, Listener, ListenerOptions, RejectReason,
     Result,
 };
@@ -329,7 +329,7 @@ fn connect_refuses_a_zero_deadline_or_hello_timeout() {
 #[test]
 fn a_hello_that_comes_late_but_in_time_is_accepted() {
     use std::io::{Read, Write};
-    use transport::frame::{Frame, Kind};
+    use wringer_transport::frame::{Frame, Kind};
     let l = listener();
     let addr = l.local_addr();
     let initiator = std::thread::spawn(move || {

@@ -7,7 +7,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use transport::frame::{Decoder, FrameError, Header, Kind};
+use wringer_transport::frame::{Decoder, FrameError, Header, Kind};
 
 struct Recording;
 

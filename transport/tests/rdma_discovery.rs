@@ -5,8 +5,10 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
-use transport::rdma::discovery::{discover, rdma_mtu_for, DiscoveryError, GidType, PortState};
-use transport::rdma::interfaces::{resolve, InterfaceSpec, ResolveError};
+use wringer_transport::rdma::discovery::{
+    discover, rdma_mtu_for, DiscoveryError, GidType, PortState,
+};
+use wringer_transport::rdma::interfaces::{resolve, InterfaceSpec, ResolveError};
 
 fn put(root: &Path, rel: &str, text: &str) {
     let p = root.join(rel);

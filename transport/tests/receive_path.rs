@@ -8,8 +8,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::{conn_and_raw_peer, conn_pair, unread_bytes, wait_blocked_in_recv, GENEROUS};
-use transport::frame::{Frame, Kind};
-use transport::Error;
+use wringer_transport::frame::{Frame, Kind};
+use wringer_transport::Error;
 
 /// Voluntary context switches of one of this process's threads so far. The thread must be
 /// alive: a receiver that is gone has ended its connection, which is a failure of its own.
@@ -24,7 +24,7 @@ fn switches(tid: i32) -> u64 {
 }
 
 /// The receiver's kernel thread id, once it has started (it is 0 until the thread has run).
-fn started_receiver(conn: &transport::Connection) -> i32 {
+fn started_receiver(conn: &wringer_transport::Connection) -> i32 {
     let until = Instant::now() + GENEROUS;
     while conn.receiver_tid() == 0 {
         assert!(Instant::now() < until, "the receiver thread never started");
@@ -170,7 +170,10 @@ fn a_peer_that_ends_while_a_caller_reads_is_reported_once_to_everyone() {
     });
     // The receiver leaves once the caller published the end; teardown finds nothing running.
     assert!(matches!(conn.recv(GENEROUS), Err(Error::PeerClosed)));
-    assert_eq!(conn.terminal(), Some(&transport::Terminal::PeerClosed));
+    assert_eq!(
+        conn.terminal(),
+        Some(&wringer_transport::Terminal::PeerClosed)
+    );
     let started = Instant::now();
     conn.close().unwrap();
     assert!(started.elapsed() < Duration::from_secs(1));
@@ -183,7 +186,7 @@ fn garbage_behind_a_frame_in_one_read_is_found_while_nobody_receives() {
     // A frame and a bad header arrive together: one read brings both into the buffer, and the
     // socket is empty after it. The receiver must decode on, not wait for more bytes.
     let mut bytes = Frame::new(Kind::Data, 0, b"ok".to_vec()).unwrap().encode();
-    bytes.extend_from_slice(&[0xde; transport::frame::HEADER_LEN]);
+    bytes.extend_from_slice(&[0xde; wringer_transport::frame::HEADER_LEN]);
     peer.write_all(&bytes).unwrap();
     let deadline = Instant::now() + GENEROUS;
     while conn.terminal().is_none() {
@@ -195,7 +198,7 @@ fn garbage_behind_a_frame_in_one_read_is_found_while_nobody_receives() {
     }
     assert!(matches!(
         conn.terminal(),
-        Some(transport::Terminal::Failed(_))
+        Some(wringer_transport::Terminal::Failed(_))
     ));
     assert!(matches!(conn.send(b"x", GENEROUS), Err(Error::Receiver(_))));
     assert_eq!(conn.recv(GENEROUS).unwrap().payload, b"ok");

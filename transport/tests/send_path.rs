@@ -10,9 +10,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use common::*;
-use transport::frame::ReadOutcome;
-use transport::stream::FrameReader;
-use transport::{Connection, ConnectionOptions, Error};
+use wringer_transport::frame::ReadOutcome;
+use wringer_transport::stream::FrameReader;
+use wringer_transport::{Connection, ConnectionOptions, Error};
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rstest::rstest;
-use transport::{connect, ConnectOptions, Error, Hello, Listener, ListenerOptions, Terminal};
+use wringer_transport::{
+    connect, ConnectOptions, Error, Hello, Listener, ListenerOptions, Terminal,
+};
 
 /// One test of this file at a time: the cycles test compares the process's descriptor and
 /// thread counts, which a sibling's connections would change under it.

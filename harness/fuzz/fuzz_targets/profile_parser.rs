@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {
-    let _ = harness::hosts::profile::parse(std::path::Path::new("hosts/fuzz.yaml"), text);
+    let _ = wringer::hosts::profile::parse(std::path::Path::new("hosts/fuzz.yaml"), text);
 });

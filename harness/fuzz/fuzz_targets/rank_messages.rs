@@ -6,9 +6,9 @@
 use std::io::BufReader;
 use std::time::{Duration, Instant};
 
-use harness::model::scenario::{Fault, FaultAction};
-use harness::orchestration::coordinator::core::{Config, Core, Input};
-use harness::rank::protocol::{read_line, RankMsg};
+use wringer::model::scenario::{Fault, FaultAction};
+use wringer::orchestration::coordinator::core::{Config, Core, Input};
+use wringer::rank::protocol::{read_line, RankMsg};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

@@ -6,9 +6,9 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {
     let path = std::path::Path::new("fuzz.yaml");
-    if let Ok(loaded) = harness::rank::steps::parse(path, text) {
+    if let Ok(loaded) = wringer::rank::steps::parse(path, text) {
         // What a run derives before it starts must hold too.
         let _ = loaded.faults();
-        let _ = harness::rank::steps::preflight(&loaded.steps());
+        let _ = wringer::rank::steps::preflight(&loaded.steps());
     }
 });

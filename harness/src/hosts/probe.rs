@@ -25,9 +25,9 @@ pub enum PortStatus {
     Other(u32),
 }
 
-impl From<transport::rdma::discovery::PortState> for PortStatus {
-    fn from(s: transport::rdma::discovery::PortState) -> PortStatus {
-        use transport::rdma::discovery::PortState;
+impl From<wringer_transport::rdma::discovery::PortState> for PortStatus {
+    fn from(s: wringer_transport::rdma::discovery::PortState) -> PortStatus {
+        use wringer_transport::rdma::discovery::PortState;
         match s {
             PortState::Down => PortStatus::Down,
             PortState::Init => PortStatus::Init,
@@ -194,7 +194,7 @@ fn read_trim(path: impl AsRef<Path>) -> Option<String> {
 
 /// RDMA devices as the transport's discovery sees them (one reading of sysfs for both).
 fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
-    use transport::rdma::discovery::{discover, DiscoveryError};
+    use wringer_transport::rdma::discovery::{discover, DiscoveryError};
     match discover(Path::new("/sys")) {
         Ok(devices) => {
             let devices = devices
@@ -221,7 +221,7 @@ fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
 
 /// NVIDIA GPUs as the CUDA driver reports them (loaded at run time: no driver, no GPUs).
 fn gpus() -> (Vec<GpuFact>, Option<String>, Option<String>) {
-    match transport::gpu::inventory() {
+    match wringer_transport::gpu::inventory() {
         Ok(inv) => {
             let gpus = inv
                 .devices

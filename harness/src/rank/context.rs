@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use transport::Listener;
+use wringer_transport::Listener;
 
 use super::protocol::{write_line, PeerAddrs, RankMsg};
 

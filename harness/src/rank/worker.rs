@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use transport::{Listener, ListenerOptions};
+use wringer_transport::{Listener, ListenerOptions};
 
 use super::context::{Control, Ctx};
 use super::protocol::{read_line, write_line, CoordMsg, PeerAddrs, RankMsg, TOKEN_ENV};

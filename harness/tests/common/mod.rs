@@ -13,7 +13,7 @@ pub fn repo() -> PathBuf {
 /// The failures of a `results.json` scenario entry, read as the typed records they are, each
 /// as `[kind] sentence` (`[bound] repeat 0: ...`).
 pub fn failures(scenario: &serde_json::Value) -> Vec<String> {
-    let failed: Vec<harness::model::failure::Failed> =
+    let failed: Vec<wringer::model::failure::Failed> =
         serde_json::from_value(scenario["evidence"]["failures"].clone())
             .expect("failures are typed records");
     failed

@@ -2,7 +2,7 @@
 
 use std::net::{TcpListener, TcpStream};
 
-use transport::{Connection, ConnectionOptions};
+use wringer_transport::{Connection, ConnectionOptions};
 
 /// Two connections talking to each other over loopback (no handshake).
 pub fn pair() -> (Connection, Connection) {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use transport::frame::{Decoder, ReadOutcome};
+use wringer_transport::frame::{Decoder, ReadOutcome};
 
 fuzz_target!(|input: &[u8]| {
     let Some((&chunk, bytes)) = input.split_first() else { return };

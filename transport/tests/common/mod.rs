@@ -4,7 +4,7 @@
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use transport::{Connection, ConnectionOptions};
+use wringer_transport::{Connection, ConnectionOptions};
 
 pub const GENEROUS: Duration = Duration::from_secs(10);
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
-use transport::{Connection, ConnectionOptions};
+use wringer_transport::{Connection, ConnectionOptions};
 
 use super::method::{pin_this_thread, Placement, Sample};
 use crate::model::duration::Dur;
@@ -134,21 +134,23 @@ pub fn pingpong(
 /// over. Set beside [`pingpong`], it shows what the hand-off costs.
 pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<&Placement>) -> Result<Sample> {
     use std::io::Write;
-    use transport::frame::{Frame, Kind};
-    use transport::stream::FrameReader;
+    use wringer_transport::frame::{Frame, Kind};
+    use wringer_transport::stream::FrameReader;
     let (mut a, mut b) = streams()?;
     let never = AtomicBool::new(false);
     let echo = move || -> Result<()> {
         let never = AtomicBool::new(false);
-        let mut reader = FrameReader::new(transport::frame::DEFAULT_MAX_PAYLOAD);
-        while let Ok(transport::frame::ReadOutcome::Frame(f)) = reader.read_frame(&mut b, &never) {
+        let mut reader = FrameReader::new(wringer_transport::frame::DEFAULT_MAX_PAYLOAD);
+        while let Ok(wringer_transport::frame::ReadOutcome::Frame(f)) =
+            reader.read_frame(&mut b, &never)
+        {
             b.write_all(&f.encode())?;
             reader.give_buffer(f.payload);
         }
         Ok(())
     };
     let client = move || -> Result<Sample> {
-        let mut reader = FrameReader::new(transport::frame::DEFAULT_MAX_PAYLOAD);
+        let mut reader = FrameReader::new(wringer_transport::frame::DEFAULT_MAX_PAYLOAD);
         let mut hist = Histogram::<u64>::new(3)?;
         let measure_from = Instant::now() + WARM_UP;
         let end = measure_from + run;
@@ -162,7 +164,7 @@ pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<&Placement>) -> 
             sequence += 1;
             a.write_all(&frame.encode())?;
             match reader.read_frame(&mut a, &never)? {
-                transport::frame::ReadOutcome::Frame(f) => anyhow::ensure!(
+                wringer_transport::frame::ReadOutcome::Frame(f) => anyhow::ensure!(
                     f.payload.len() == size,
                     "echo of {} bytes for {size}",
                     f.payload.len()
@@ -292,12 +294,12 @@ fn rc_loopback(
     ip: std::net::IpAddr,
     port: u16,
     size: usize,
-    serve: impl FnOnce(&mut transport::rdma::rc::RcConnection) -> Result<()> + Send + 'static,
+    serve: impl FnOnce(&mut wringer_transport::rdma::rc::RcConnection) -> Result<()> + Send + 'static,
 ) -> Result<(
-    transport::rdma::rc::RcConnection,
+    wringer_transport::rdma::rc::RcConnection,
     std::thread::JoinHandle<Result<()>>,
 )> {
-    use transport::rdma::rc::{connect, RcListener, RcOptions};
+    use wringer_transport::rdma::rc::{connect, RcListener, RcOptions};
     let addr = std::net::SocketAddr::new(ip, port);
     let opts = RcOptions {
         max_message: size.max(64),
@@ -361,7 +363,7 @@ impl Ticks {
 
 /// RDMA SEND one-way latency p50/p99 (µs) over an RC connection to this host itself.
 pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sample> {
-    use transport::rdma::rc::Received;
+    use wringer_transport::rdma::rc::Received;
     let (mut c, server) = rc_loopback(ip, next_rc_port(), size, move |c| {
         for _ in 0..iters {
             if let Received::Message(m) = c.recv(RC_TIMEOUT)? {
@@ -396,7 +398,7 @@ pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sa
 /// `size` bytes from a region the caller registered into the region the peer advertised, no
 /// byte copied on either side, pipelined up to the send queue's depth.
 pub fn rdma_write_bw(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sample> {
-    use transport::rdma::rc::{Received, RemoteRegion};
+    use wringer_transport::rdma::rc::{Received, RemoteRegion};
     let (mut c, server) = rc_loopback(ip, next_rc_port(), size, move |c| {
         let mut target = vec![0u8; size];
         // SAFETY: `target` outlives the region (dropped at the end of this closure, after it)

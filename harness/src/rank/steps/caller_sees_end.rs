@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use transport::{Error, Reader, Terminal};
+use wringer_transport::{Error, Reader, Terminal};
 
 use super::raw_peer::accept_conn;
 use super::scripted_peer::{ignored_payload, pair, stop_peer, Driver, End, Script};
@@ -89,8 +89,8 @@ impl StepKind for CallerSeesEnd {
 /// What one caller saw: the end as `recv` reported it (and when), then `send` and `flush`.
 struct Seen {
     recv: Option<(Error, Instant)>,
-    send: Option<transport::Result<()>>,
-    flush: Option<transport::Result<()>>,
+    send: Option<wringer_transport::Result<()>>,
+    flush: Option<wringer_transport::Result<()>>,
 }
 
 /// How one case went.
@@ -183,7 +183,7 @@ impl CallerSeesEnd {
 }
 
 /// One caller: receive until `recv` reports an end, then try `send` and `flush` at once.
-fn receive_until_end(conn: &transport::Connection) -> Seen {
+fn receive_until_end(conn: &wringer_transport::Connection) -> Seen {
     let until = Instant::now() + PATIENCE;
     while Instant::now() < until {
         match conn.recv(SLICE) {
@@ -218,7 +218,7 @@ fn judge(
         found_by_receiver: ended_by != Some(Reader::Caller),
         ..Verdict::default()
     };
-    let report = |what: &str, got: &Option<transport::Result<()>>| -> Option<String> {
+    let report = |what: &str, got: &Option<wringer_transport::Result<()>>| -> Option<String> {
         match got {
             Some(Err(e)) if end.is_reported_by(e) => None,
             Some(Err(e)) => Some(format!("{what} reported `{e}`")),
@@ -259,7 +259,7 @@ fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use transport::ReceiverError;
+    use wringer_transport::ReceiverError;
 
     fn reset() -> ReceiverError {
         ReceiverError::Io {
@@ -269,7 +269,7 @@ mod tests {
         }
     }
 
-    fn saw(at: Instant, send: transport::Result<()>) -> Seen {
+    fn saw(at: Instant, send: wringer_transport::Result<()>) -> Seen {
         Seen {
             recv: Some((Error::Receiver(reset()), at)),
             send: Some(send),

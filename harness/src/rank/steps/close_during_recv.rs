@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use transport::{Connection, Error};
+use wringer_transport::{Connection, Error};
 
 use super::raw_peer::accept_conn;
 use super::scripted_peer::{pair, stop_peer, Driver, Script};
@@ -106,7 +106,7 @@ struct Cycle {
     receiver: Receiver,
     close_ms: f64,
     /// Each blocked caller's outcome and how long after `close` began it returned.
-    callers: Vec<(transport::Result<()>, f64)>,
+    callers: Vec<(wringer_transport::Result<()>, f64)>,
 }
 
 impl CloseDuringRecv {
@@ -192,7 +192,7 @@ fn cycle(ctx: &Ctx, i: u64, want_parked: bool, callers: usize) -> Result<Cycle> 
     let conn = accept_conn(ctx, PATIENCE)?;
     let d = Driver::new(&conn, Script::new(ctx.seed, i << 8, vec![16; NUDGES]), PATIENCE)?;
     let tids = Mutex::new(Vec::<i32>::new());
-    let outcomes = Mutex::new(Vec::<(transport::Result<()>, Instant)>::new());
+    let outcomes = Mutex::new(Vec::<(wringer_transport::Result<()>, Instant)>::new());
     let a_caller_polls = || {
         let tids = tids.lock().unwrap_or_else(|p| p.into_inner());
         tids.iter().any(|t| thread_sleeps_in(*t, POLL_CALLS))
@@ -204,7 +204,7 @@ fn cycle(ctx: &Ctx, i: u64, want_parked: bool, callers: usize) -> Result<Cycle> 
             for _ in 0..callers {
                 s.spawn(|| {
                     tids.lock().unwrap_or_else(|p| p.into_inner()).push(gettid());
-                    let outcome: transport::Result<()> = loop {
+                    let outcome: wringer_transport::Result<()> = loop {
                         match conn.recv(CALLER_WAIT) {
                             Ok(_) => continue,
                             Err(e) => break Err(e),

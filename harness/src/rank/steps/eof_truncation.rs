@@ -5,8 +5,8 @@ use std::net::Shutdown;
 use std::time::Duration;
 
 use anyhow::Result;
-use transport::frame::{FrameError, Section, HEADER_LEN};
-use transport::ReceiverError;
+use wringer_transport::frame::{FrameError, Section, HEADER_LEN};
+use wringer_transport::ReceiverError;
 
 use super::raw_connect;
 use crate::rank::context::Ctx;

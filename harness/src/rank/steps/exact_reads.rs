@@ -7,7 +7,7 @@ use std::net::Shutdown;
 use std::time::Duration;
 
 use anyhow::Result;
-use transport::frame::HEADER_LEN;
+use wringer_transport::frame::HEADER_LEN;
 
 use super::{pattern, raw_connect};
 use crate::rank::context::Ctx;
@@ -42,7 +42,7 @@ pub struct ExactReads {
 }
 
 /// Largest payload, as the transport accepts.
-const MAX_SIZE: u32 = transport::frame::DEFAULT_MAX_PAYLOAD;
+const MAX_SIZE: u32 = wringer_transport::frame::DEFAULT_MAX_PAYLOAD;
 const MAX_SMALL: u32 = 64 << 10;
 const MAX_DRIBBLED: u32 = 10_000;
 const MAX_LARGE_SIZES: usize = 8;

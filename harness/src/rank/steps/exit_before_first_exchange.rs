@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::model::invalid::Invalid;
 
 use anyhow::Result;
-use transport::Connection;
+use wringer_transport::Connection;
 
 use super::{connect_to, seq};
 use crate::rank::context::Ctx;

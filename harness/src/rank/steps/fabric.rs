@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use transport::rdma::rc::{RcConnection, RdmaError, Received};
-use transport::Connection;
+use wringer_transport::rdma::rc::{RcConnection, RdmaError, Received};
+use wringer_transport::Connection;
 
 use super::{connect_to, seq};
 use crate::model::invalid::Invalid;

@@ -6,9 +6,9 @@ use super::rdma_support::{RDMA_COMPLETION_ERRORS, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use transport::gpu::rdma::GpuRegion;
-use transport::gpu::Gpu;
-use transport::rdma::rc::{RcConnection, Received, RemoteRegion};
+use wringer_transport::gpu::rdma::GpuRegion;
+use wringer_transport::gpu::Gpu;
+use wringer_transport::rdma::rc::{RcConnection, Received, RemoteRegion};
 
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;

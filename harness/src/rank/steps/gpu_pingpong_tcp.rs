@@ -5,8 +5,8 @@ use super::gpu_support::{GPU_BANDWIDTH_GBPS, GPU_DATA_MISMATCHES, GPU_MESSAGES, 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use transport::gpu::tcp::TcpStaging;
-use transport::Connection;
+use wringer_transport::gpu::tcp::TcpStaging;
+use wringer_transport::Connection;
 
 use super::{connect_to, seq};
 use crate::rank::context::Ctx;

@@ -4,7 +4,7 @@ use crate::model::invalid::Invalid;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use transport::gpu::{inventory, pattern, DeviceBuffer, Gpu};
+use wringer_transport::gpu::{inventory, pattern, DeviceBuffer, Gpu};
 
 use crate::model::duration::Dur;
 use crate::model::metric::Series;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use transport::{Connection, Error};
+use wringer_transport::{Connection, Error};
 
 use super::raw_peer::accept_conn;
 use super::scripted_peer::{pair, stop_peer, Driver, Script};
@@ -204,7 +204,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Judge one frame a lone caller received: it must be the next one due.
-    fn take(&mut self, round: &str, got: transport::Result<transport::frame::Frame>, s: &Script) {
+    fn take(&mut self, round: &str, got: wringer_transport::Result<wringer_transport::frame::Frame>, s: &Script) {
         match got {
             Ok(frame) => {
                 self.delivered += 1;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use transport::{
+use wringer_transport::{
     connect, ConnectOptions, Connection, Error, Hello, Listener, ListenerOptions, RejectReason,
 };
 
@@ -88,7 +88,7 @@ pub(super) fn initiate(
     n: u64,
     generation: u64,
     deadline: Duration,
-) -> transport::Result<Connection> {
+) -> wringer_transport::Result<Connection> {
     let hello = Hello {
         rank: ctx.rank,
         sequence: seq(step, n),
@@ -256,7 +256,7 @@ pub(super) fn wait_out(
     sequence: u64,
     wait: Duration,
     m: &mut std::collections::BTreeMap<Metric, f64>,
-) -> transport::Result<Connection> {
+) -> wringer_transport::Result<Connection> {
     let started = Instant::now();
     let r = l.wait_for(sequence, wait);
     m.insert(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use transport::Error;
+use wringer_transport::Error;
 
 use super::{connect_within, seq, Reconciled, StepKind, StruckFault};
 use crate::model::duration::Dur;

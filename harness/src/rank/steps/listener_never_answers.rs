@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use transport::frame::{Frame, Kind, HEADER_LEN};
-use transport::Error;
+use wringer_transport::frame::{Frame, Kind, HEADER_LEN};
+use wringer_transport::Error;
 
 use super::{accept_within, connect_within, StepKind};
 use crate::model::duration::Dur;

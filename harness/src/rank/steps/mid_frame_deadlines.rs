@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
-use transport::frame::HEADER_LEN;
-use transport::Error;
+use wringer_transport::frame::HEADER_LEN;
+use wringer_transport::Error;
 
 use super::raw_peer::accept_conn;
 use super::scripted_peer::{pair, stop_peer, Driver, Script};
@@ -207,7 +207,7 @@ impl MidFrameDeadlines {
 }
 
 /// What a `recv` returned, in words.
-fn outcome(got: &transport::Result<transport::frame::Frame>) -> String {
+fn outcome(got: &wringer_transport::Result<wringer_transport::frame::Frame>) -> String {
     match got {
         Ok(f) => format!(
             "a frame with sequence {} and {} payload bytes",

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use transport::Connection;
+use wringer_transport::Connection;
 
 use super::{connect_to, pattern, seq};
 use crate::rank::context::Ctx;

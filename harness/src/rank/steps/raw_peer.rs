@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use transport::frame::{Frame, Kind, Section};
-use transport::{Connection, ConnectionOptions, Error, ReceiverError, Terminal};
+use wringer_transport::frame::{Frame, Kind, Section};
+use wringer_transport::{Connection, ConnectionOptions, Error, ReceiverError, Terminal};
 
 use super::{accept_within, pattern};
 use crate::hosts::procfs::wait_until;

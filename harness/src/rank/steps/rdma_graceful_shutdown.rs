@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use transport::rdma::rc::{connect, Received};
-use transport::rdma::server::{RdmaServer, ServerOptions};
+use wringer_transport::rdma::rc::{connect, Received};
+use wringer_transport::rdma::server::{RdmaServer, ServerOptions};
 
 use super::pattern;
 use crate::rank::context::Ctx;

@@ -4,8 +4,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use transport::rdma::rc::{connect, Received};
-use transport::rdma::server::{RdmaServer, ServerOptions};
+use wringer_transport::rdma::rc::{connect, Received};
+use wringer_transport::rdma::server::{RdmaServer, ServerOptions};
 
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;

@@ -80,7 +80,7 @@ pub fn interop(
     deadline: Duration,
     report: &mut StepReport,
 ) -> Result<()> {
-    use transport::rdma::compat::{run, CompatOptions, Role};
+    use wringer_transport::rdma::compat::{run, CompatOptions, Role};
     if ctx.rank != 0 {
         return Ok(());
     }

@@ -5,7 +5,7 @@ use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_TX_MESS
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use transport::rdma::rc::Received;
+use wringer_transport::rdma::rc::Received;
 
 use super::pattern;
 use crate::rank::context::Ctx;

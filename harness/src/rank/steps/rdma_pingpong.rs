@@ -5,7 +5,7 @@ use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_DATA_MISMATCHES, RETRY_EX
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use transport::rdma::rc::{RcConnection, Received, RemoteRegion};
+use wringer_transport::rdma::rc::{RcConnection, Received, RemoteRegion};
 
 use super::pattern;
 use crate::rank::context::Ctx;

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use transport::rdma::discovery::{discover, GidType, PortState};
-use transport::rdma::rc::WcStatus;
-use transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions};
-use transport::rdma::server::RdmaServer;
+use wringer_transport::rdma::discovery::{discover, GidType, PortState};
+use wringer_transport::rdma::rc::WcStatus;
+use wringer_transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions};
+use wringer_transport::rdma::server::RdmaServer;
 
 use crate::rank::context::Ctx;
 use crate::rank::protocol::StepReport;
@@ -79,7 +79,7 @@ pub(super) fn wait_served(
     server: &RdmaServer,
     count: usize,
     deadline: Duration,
-) -> Vec<transport::rdma::server::Served> {
+) -> Vec<wringer_transport::rdma::server::Served> {
     let end = Instant::now() + deadline;
     while server.served().len() < count && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(10));

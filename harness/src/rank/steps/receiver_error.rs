@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use transport::Error;
+use wringer_transport::Error;
 
 use super::raw_connect;
 use crate::hosts::procfs::wait_until;
@@ -70,7 +70,7 @@ pub fn receiver_error(
             }
             let send = conn.send(b"after the failure", deadline);
             let flush = conn.flush(deadline);
-            let saw = |r: &transport::Result<()>| matches!(r, Err(Error::Receiver(_))) as u8 as f64;
+            let saw = |r: &wringer_transport::Result<()>| matches!(r, Err(Error::Receiver(_))) as u8 as f64;
             report
                 .metrics
                 .insert(SEND_SAW_RECEIVER_ERROR, saw(&send));

@@ -9,9 +9,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use transport::frame::{Frame, Kind, ReadOutcome, HEADER_LEN};
-use transport::stream::FrameReader;
-use transport::{Connection, Error, ReceiverError};
+use wringer_transport::frame::{Frame, Kind, ReadOutcome, HEADER_LEN};
+use wringer_transport::stream::FrameReader;
+use wringer_transport::{Connection, Error, ReceiverError};
 
 use super::raw_peer::{accept_conn, data};
 use super::{pattern, raw_connect};
@@ -397,7 +397,7 @@ mod tests {
             message: "reset".into(),
         });
         let cut = Error::Receiver(ReceiverError::Truncated {
-            section: transport::frame::Section::Payload,
+            section: wringer_transport::frame::Section::Payload,
             expected: TRUNCATED_PAYLOAD,
             got: TRUNCATED_GOT,
         });

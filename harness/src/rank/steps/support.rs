@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use transport::{connect, ConnectOptions, Connection, Hello};
+use wringer_transport::{connect, ConnectOptions, Connection, Hello};
 
 use crate::rank::context::Ctx;
 
@@ -131,7 +131,7 @@ pub fn connect_within(
     addr: SocketAddr,
     sequence: u64,
     limit: Duration,
-) -> transport::Result<Connection> {
+) -> wringer_transport::Result<Connection> {
     let hello = Hello {
         rank: ctx.rank,
         sequence,

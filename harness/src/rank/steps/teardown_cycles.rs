@@ -5,7 +5,7 @@ use super::support::{CYCLES, FD_DELTA, SHUTDOWN_P99_MS, THREAD_DELTA};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use transport::Terminal;
+use wringer_transport::Terminal;
 
 use super::{connect_to, fd_is_closed, percentile, seq, settle};
 use crate::hosts::procfs::{open_fds, threads, wait_until};
@@ -102,8 +102,8 @@ pub fn run(
         if ctx.rank == 1 {
             // Rank 0 tears down first, with our receiver blocked; we see it close, then close.
             match conn.recv(left) {
-                Err(transport::Error::PeerClosed) => {}
-                Err(transport::Error::Receiver(e)) if e.is_ebadf() => ebadf += 1,
+                Err(wringer_transport::Error::PeerClosed) => {}
+                Err(wringer_transport::Error::Receiver(e)) if e.is_ebadf() => ebadf += 1,
                 other => bail!("cycle {i}: expected the peer to close, got {other:?}"),
             }
         }

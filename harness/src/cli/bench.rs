@@ -1,0 +1,85 @@
+//! `wringer bench`: ours against the reference tools, in alternating rounds.
+
+use std::path::PathBuf;
+
+use wringer::outputs::bench;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Seconds each side runs per latency round (ours and the reference alternate).
+    #[arg(long, default_value_t = 1)]
+    pub seconds: u64,
+    /// Fewer rounds (7 kept) and measures, for CI.
+    #[arg(long)]
+    pub quick: bool,
+    /// An earlier bench.json: show how far each ratio moved since (more than 15% is marked).
+    #[arg(long)]
+    pub against: Option<PathBuf>,
+    /// Where bench.json and bench.md go.
+    #[arg(long, default_value = "reports/bench")]
+    pub out: PathBuf,
+    /// Rank counts for the coordinator start-up measurement.
+    #[arg(long, value_delimiter = ',', default_value = "2,8,32,64")]
+    pub ranks: Vec<u32>,
+    /// Only the RDMA rows (used inside the rxe VM by `just bench-rdma`).
+    #[arg(long)]
+    pub rdma_only: bool,
+    /// Only the TCP rows whose measure contains this text (for example `busy-poll` or
+    /// `64 B`); the other measures are not run.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Only the launcher rows: start --ranks ranks through this Slurm profile against
+    /// --launch-ssh (`just bench-launch`).
+    #[arg(long, requires = "launch_ssh")]
+    pub launch_slurm: Option<PathBuf>,
+    /// The SSH profile the Slurm launcher is measured against.
+    #[arg(long, requires = "launch_slurm")]
+    pub launch_ssh: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let Args {
+        seconds,
+        quick,
+        against,
+        out,
+        ranks,
+        rdma_only,
+        only,
+        launch_slurm,
+        launch_ssh,
+    } = a;
+    // Read first: a missing or broken earlier report is an input error before any work.
+    use anyhow::Context as _;
+    let earlier: Option<bench::BenchReport> = match &against {
+        Some(p) => Some(
+            serde_json::from_slice(
+                &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+            )
+            .with_context(|| format!("{} is not a bench.json", p.display()))?,
+        ),
+        None => None,
+    };
+    let opts = bench::BenchOptions {
+        seconds,
+        quick,
+        out_dir: out.clone(),
+        ranks,
+        rdma_only,
+        only,
+        launch: launch_slurm.zip(launch_ssh),
+    };
+    let report = bench::run(&opts)?;
+    let mut text = bench::markdown(&report);
+    if let (Some(earlier), Some(p)) = (&earlier, &against) {
+        let (table, over) = bench::drift_markdown(&bench::drift(earlier, &report), 0.15);
+        text.push_str(&format!(
+            "\n## Against {}\n\n{table}\n{over} row(s) moved by more than 15%.\n",
+            p.display()
+        ));
+    }
+    wringer::say!("{}", text.trim_end());
+    bench::write(&report, &text, &out)?;
+    wringer::say!("written: {}/bench.json, bench.md", out.display());
+    Ok(0)
+}

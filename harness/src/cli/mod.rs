@@ -1,0 +1,10 @@
+//! The subcommands of `wringer`, one module each, above the library's five layers.
+
+pub mod bench;
+pub mod list;
+pub mod probe;
+pub mod rank;
+pub mod report;
+pub mod run;
+pub mod scenarios;
+pub mod validate;

@@ -1,0 +1,53 @@
+//! `wringer run`: load the scenarios and the host profile, run them, report.
+
+use std::path::PathBuf;
+
+use wringer::hosts::profile as hosts;
+use wringer::model::invalid::Invalid;
+use wringer::orchestration::runner;
+use wringer::outputs::progress::Progress;
+use wringer::outputs::report::ReportWriter;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Scenario files or folders.
+    #[arg(default_value = "scenarios")]
+    pub paths: Vec<PathBuf>,
+    #[arg(long, default_value = "hosts/local.yaml")]
+    pub hosts: PathBuf,
+    /// Where to write the report (default: reports/<run-id>/).
+    #[arg(long)]
+    pub report_dir: Option<PathBuf>,
+    /// Only scenarios whose name contains this text.
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Override every scenario's repeat count (1 to 10,000).
+    #[arg(long, value_parser = |s: &str| s.parse::<u32>().map_err(|e| Invalid(e.to_string())).and_then(wringer::model::scenario::check_repeat))]
+    pub repeat: Option<u32>,
+    /// Seed for payload patterns (recorded in the report).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Turn every skip into a failure.
+    #[arg(long)]
+    pub strict: bool,
+    /// Run without the lifecycle audit and perturbations the scenarios and profile ask
+    /// for (to measure what the audit costs, or where strace cannot run).
+    #[arg(long)]
+    pub no_audit: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let profile = hosts::load(&a.hosts)?;
+    let scenarios = super::scenarios::load_all(&a.paths)?;
+    let opts = runner::RunOptions {
+        report_dir: a.report_dir,
+        filter: a.filter,
+        repeat: a.repeat,
+        seed: a.seed,
+        strict: a.strict,
+        no_audit: a.no_audit,
+    };
+    let mut progress = Progress::default();
+    let mut files = ReportWriter::default();
+    runner::run(scenarios, &profile, &opts, &mut [&mut progress, &mut files])
+}
