@@ -8,14 +8,14 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Dur(pub Duration);
+pub struct HumanDuration(pub Duration);
 
 /// The longest duration a file may give: a week. Nothing a scenario waits for is longer, and the
 /// bound keeps every sum of deadlines far from what `Duration` and `Instant` can hold.
 pub const MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
-impl Dur {
-    pub fn parse(s: &str) -> Result<Dur, Invalid> {
+impl HumanDuration {
+    pub fn parse(s: &str) -> Result<HumanDuration, Invalid> {
         let s = s.trim();
         let split = s
             .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -48,11 +48,11 @@ impl Dur {
             )
             .into());
         }
-        Ok(Dur(Duration::from_secs_f64(secs)))
+        Ok(HumanDuration(Duration::from_secs_f64(secs)))
     }
 }
 
-impl fmt::Display for Dur {
+impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_secs_f64() * 1e3;
         if ms < 1.0 {
@@ -65,22 +65,22 @@ impl fmt::Display for Dur {
     }
 }
 
-impl Serialize for Dur {
+impl Serialize for HumanDuration {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.to_string())
     }
 }
 
-impl<'de> Deserialize<'de> for Dur {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HumanDuration, D::Error> {
         struct V;
         impl Visitor<'_> for V {
-            type Value = Dur;
+            type Value = HumanDuration;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a duration like 500ms, 30s or 2m")
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Dur, E> {
-                Dur::parse(v).map_err(E::custom)
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<HumanDuration, E> {
+                HumanDuration::parse(v).map_err(E::custom)
             }
         }
         d.deserialize_str(V)
@@ -99,28 +99,39 @@ mod tests {
             "10081m",
             "604801s",
         ] {
-            let e = Dur::parse(huge).unwrap_err();
+            let e = HumanDuration::parse(huge).unwrap_err();
             assert!(
                 e.contains("7 days") || e.contains("unknown duration unit"),
                 "{huge}: {e}"
             );
         }
-        assert_eq!(Dur::parse("10080m").unwrap().0, MAX);
+        assert_eq!(HumanDuration::parse("10080m").unwrap().0, MAX);
     }
 
     #[test]
     fn parses_units_and_rejects_zero_and_bare_numbers() {
-        assert_eq!(Dur::parse("250ms").unwrap().0, Duration::from_millis(250));
-        assert_eq!(Dur::parse("2m").unwrap().0, Duration::from_secs(120));
-        assert_eq!(Dur::parse("1.5s").unwrap().0, Duration::from_millis(1500));
-        assert!(Dur::parse("0s").unwrap_err().contains("above zero"));
-        assert!(Dur::parse("30").unwrap_err().contains("no unit"));
-        assert!(Dur::parse("3h")
+        assert_eq!(
+            HumanDuration::parse("250ms").unwrap().0,
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            HumanDuration::parse("2m").unwrap().0,
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            HumanDuration::parse("1.5s").unwrap().0,
+            Duration::from_millis(1500)
+        );
+        assert!(HumanDuration::parse("0s")
+            .unwrap_err()
+            .contains("above zero"));
+        assert!(HumanDuration::parse("30").unwrap_err().contains("no unit"));
+        assert!(HumanDuration::parse("3h")
             .unwrap_err()
             .contains("unknown duration unit"));
         for d in ["250ms", "90s", "20us"] {
-            let parsed = Dur::parse(d).unwrap();
-            assert_eq!(Dur::parse(&parsed.to_string()).unwrap(), parsed);
+            let parsed = HumanDuration::parse(d).unwrap();
+            assert_eq!(HumanDuration::parse(&parsed.to_string()).unwrap(), parsed);
         }
     }
 }

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
-use super::duration::Dur;
+use super::duration::HumanDuration;
 use super::input::{located, InputError};
 use super::metric::{Bound, Metric, Series};
 use super::requirement::Requirement;
@@ -65,7 +65,7 @@ pub struct Scenario<S> {
     pub requires: Vec<Requirement>,
     pub ranks: Spanned<u32>,
     /// Whole-scenario deadline, per repeat.
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
     #[serde(default = "one", deserialize_with = "at_least_one")]
     pub repeat: u32,
     #[serde(default)]
@@ -220,9 +220,9 @@ pub enum AuditCheck {
 pub struct Perturb {
     pub syscall: String,
     #[serde(default)]
-    pub delay_enter: Option<Dur>,
+    pub delay_enter: Option<HumanDuration>,
     #[serde(default)]
-    pub delay_exit: Option<Dur>,
+    pub delay_exit: Option<HumanDuration>,
     /// Share of calls delayed, in (0, 1]; the calls chosen follow from the run's seed.
     #[serde(default)]
     pub probability: Option<f64>,

@@ -763,7 +763,7 @@ fn unbounded(name: &str, args: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::duration::Dur;
+    use crate::model::duration::HumanDuration;
 
     const LIFECYCLE: &[AuditCheck] = &[AuditCheck::FdLifecycle];
 
@@ -1127,7 +1127,7 @@ not-a-pid 1.0 close(3) = 0
         let p = Perturb {
             syscall: "recvfrom".into(),
             delay_enter: None,
-            delay_exit: Some(Dur(std::time::Duration::from_micros(200))),
+            delay_exit: Some(HumanDuration(std::time::Duration::from_micros(200))),
             probability: Some(0.25),
         };
         let a = strace_command(&[], std::slice::from_ref(&p), 7, Path::new("/tmp/t"));

@@ -107,7 +107,7 @@ pub fn point_release(name: &str) -> String {
 }
 
 /// Everything a step needs to know about the run.
-pub struct Ctx {
+pub struct RankContext {
     pub rank: u32,
     pub ranks: u32,
     pub peers: Vec<PeerAddrs>,
@@ -120,7 +120,7 @@ pub struct Ctx {
     pub run_dir: std::path::PathBuf,
 }
 
-impl Ctx {
+impl RankContext {
     /// Two-party steps run between ranks 0 and 1; every other rank sits them out.
     pub fn in_pair(&self) -> bool {
         self.rank <= 1

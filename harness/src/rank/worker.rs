@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context as _, Result};
 use wringer_transport::{Listener, ListenerOptions};
 
-use super::context::{Control, Ctx};
+use super::context::{Control, RankContext};
 use super::protocol::{read_line, write_line, CoordMsg, PeerAddrs, RankMsg, TOKEN_ENV};
 use super::steps;
 
@@ -77,7 +77,7 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
                 Ok(None) | Err(_) => std::process::exit(3),
             }
         })?;
-    let ctx = Ctx {
+    let ctx = RankContext {
         run_dir: std::env::temp_dir().join(format!("wringer-exec-{}", rendezvous.port())),
         rank,
         ranks: peers.len() as u32,

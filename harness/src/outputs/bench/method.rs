@@ -127,22 +127,22 @@ pub fn spread(xs: &[f64]) -> Option<f64> {
 /// force every hand-off through a context switch that sockperf's single thread never pays.
 /// With fewer, or without `taskset`, neither side is pinned.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Placement {
+pub struct CpuPinning {
     pub server_cpus: Vec<usize>,
     pub client_cpus: Vec<usize>,
 }
 
-impl Placement {
-    pub fn detect() -> Option<Placement> {
-        Placement::halves(&allowed_cpus(), crate::hosts::programs::runnable("taskset"))
+impl CpuPinning {
+    pub fn detect() -> Option<CpuPinning> {
+        CpuPinning::halves(&allowed_cpus(), crate::hosts::programs::runnable("taskset"))
     }
 
-    fn halves(cpus: &[usize], taskset: bool) -> Option<Placement> {
+    fn halves(cpus: &[usize], taskset: bool) -> Option<CpuPinning> {
         if cpus.len() < 4 || !taskset {
             return None;
         }
         let (server, client) = cpus.split_at(cpus.len() / 2);
-        Some(Placement {
+        Some(CpuPinning {
             server_cpus: server.to_vec(),
             client_cpus: client.to_vec(),
         })
@@ -269,9 +269,9 @@ mod tests {
 
     #[test]
     fn each_end_gets_half_the_cpus_and_two_are_too_few() {
-        assert_eq!(Placement::halves(&[0, 1], true), None);
-        assert_eq!(Placement::halves(&[0, 1, 2, 3], false), None);
-        let p = Placement::halves(&[0, 1, 2, 3, 4], true).unwrap();
+        assert_eq!(CpuPinning::halves(&[0, 1], true), None);
+        assert_eq!(CpuPinning::halves(&[0, 1, 2, 3], false), None);
+        let p = CpuPinning::halves(&[0, 1, 2, 3, 4], true).unwrap();
         assert_eq!((p.server_cpus, p.client_cpus), (vec![0, 1], vec![2, 3, 4]));
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-pub use method::{Method, Placement, Round, Sample, UNSTABLE_SPREAD};
+pub use method::{CpuPinning, Method, Round, Sample, UNSTABLE_SPREAD};
 
 pub struct BenchOptions {
     /// Seconds each side runs per latency round (sockperf's smallest run is one second).
@@ -75,7 +75,7 @@ pub struct BenchReport {
     pub warmup_rounds: usize,
     /// CPUs of the server and client ends, both sides alike (`None`: not pinned).
     #[serde(default)]
-    pub placement: Option<Placement>,
+    pub placement: Option<CpuPinning>,
     #[serde(default)]
     pub quick: bool,
     pub rows: Vec<Row>,
@@ -267,7 +267,7 @@ fn rdma_rows(method: Method) -> Vec<Row> {
 
 /// The TCP rows: ping-pong latency against sockperf (blocking, then both sides busy-polling)
 /// and one stream against iperf3. With `--only`, just the rows whose measure names it.
-fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&Placement>) -> Vec<Row> {
+fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&CpuPinning>) -> Vec<Row> {
     let wanted = |measure: &str| opts.only.as_deref().is_none_or(|o| measure.contains(o));
     let run = Duration::from_secs(opts.seconds.max(1));
     let sizes: &[usize] = if opts.quick {
@@ -364,7 +364,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     } else {
         Method::FULL
     };
-    let placement = Placement::detect();
+    let placement = CpuPinning::detect();
     let report = |rows, placement| BenchReport {
         seconds_per_round: opts.seconds,
         rounds: method.rounds,

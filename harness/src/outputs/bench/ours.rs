@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use wringer_transport::{Connection, ConnectionOptions};
 
-use super::method::{pin_this_thread, Placement, Sample};
-use crate::model::duration::Dur;
+use super::method::{pin_this_thread, CpuPinning, Sample};
+use crate::model::duration::HumanDuration;
 use crate::orchestration::coordinator::{self, Plan};
 use crate::rank::steps::stall::Stall;
 use crate::rank::steps::Step;
@@ -51,7 +51,7 @@ fn options(busy_poll: Option<Duration>) -> ConnectionOptions {
 
 /// Run `server` and `client` on threads of their own, pinned where `cpus` says (the threads
 /// they start inherit the pin); the client's result once both have ended.
-fn on_two_cpus<S, C>(cpus: Option<&Placement>, server: S, client: C) -> Result<Sample>
+fn on_two_cpus<S, C>(cpus: Option<&CpuPinning>, server: S, client: C) -> Result<Sample>
 where
     S: FnOnce() -> Result<()> + Send + 'static,
     C: FnOnce() -> Result<Sample> + Send + 'static,
@@ -81,7 +81,7 @@ pub fn pingpong(
     size: usize,
     run: Duration,
     busy_poll: Option<Duration>,
-    cpus: Option<&Placement>,
+    cpus: Option<&CpuPinning>,
 ) -> Result<Sample> {
     let (a, b) = streams()?;
     let opts = options(busy_poll);
@@ -132,7 +132,7 @@ pub fn pingpong(
 /// One round of ping-pong with our frames but without our connection: each end encodes and
 /// decodes on its own thread, straight on the socket, with no receiver thread to hand frames
 /// over. Set beside [`pingpong`], it shows what the hand-off costs.
-pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<&Placement>) -> Result<Sample> {
+pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<&CpuPinning>) -> Result<Sample> {
     use std::io::Write;
     use wringer_transport::frame::{Frame, Kind};
     use wringer_transport::stream::FrameReader;
@@ -186,7 +186,7 @@ pub fn pingpong_inline(size: usize, run: Duration, cpus: Option<&Placement>) -> 
 
 /// One round of single-connection bandwidth in Gbit/s: `messages` frames of `size` bytes,
 /// measured at the receiver from its first frame to its last.
-pub fn bandwidth(size: usize, messages: u64, cpus: Option<&Placement>) -> Result<Sample> {
+pub fn bandwidth(size: usize, messages: u64, cpus: Option<&CpuPinning>) -> Result<Sample> {
     let (a, b) = streams()?;
     let (tx, rx) = std::sync::mpsc::channel();
     let sink = move || -> Result<()> {
@@ -261,8 +261,8 @@ pub fn startup_once(
     log_dir: &Path,
 ) -> Result<f64> {
     let steps = [Step::Stall(Stall {
-        duration: Dur(Duration::from_millis(1)),
-        deadline: Dur(Duration::from_secs(10)),
+        duration: HumanDuration(Duration::from_millis(1)),
+        deadline: HumanDuration(Duration::from_secs(10)),
     })];
     let never = AtomicBool::new(false);
     let plan = Plan {

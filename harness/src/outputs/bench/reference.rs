@@ -5,7 +5,7 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use super::method::{on_cpus, Placement, Sample};
+use super::method::{on_cpus, CpuPinning, Sample};
 use crate::hosts::child::{run_bounded, spawn, Reaped};
 
 /// sockperf refuses messages of 1 MiB or more; its largest is compared with our 1 MiB.
@@ -56,12 +56,12 @@ pub struct Server {
     _process: Reaped,
     port: u16,
     busy_poll: bool,
-    cpus: Option<Placement>,
+    cpus: Option<CpuPinning>,
 }
 
 /// A `sockperf server --tcp` on loopback. `busy_poll`: its busy-poll mode, non-blocking
 /// sockets polled with a zero timeout, instead of sleeping in epoll.
-pub fn sockperf_server(busy_poll: bool, cpus: Option<Placement>) -> anyhow::Result<Server> {
+pub fn sockperf_server(busy_poll: bool, cpus: Option<CpuPinning>) -> anyhow::Result<Server> {
     let port = free_port()?;
     let (p, max) = (port.to_string(), SOCKPERF_MAX.to_string());
     let mut cmd = vec![
@@ -150,7 +150,7 @@ fn parse_sockperf(out: &str) -> anyhow::Result<Sample> {
 }
 
 /// An `iperf3 -s` on loopback, serving one client after another.
-pub fn iperf3_server(cpus: Option<Placement>) -> anyhow::Result<Server> {
+pub fn iperf3_server(cpus: Option<CpuPinning>) -> anyhow::Result<Server> {
     let port = free_port()?;
     let p = port.to_string();
     let cmd = ["iperf3", "-s", "-B", "127.0.0.1", "-p", &p];

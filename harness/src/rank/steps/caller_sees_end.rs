@@ -19,10 +19,10 @@ use super::raw_peer::accept_conn;
 use super::scripted_peer::{ignored_payload, pair, stop_peer, Driver, End, Script};
 use super::{in_range, StepKind};
 use crate::hosts::procfs::wait_until;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -38,8 +38,8 @@ pub struct CallerSeesEnd {
     #[serde(default = "default_callers")]
     pub callers: u32,
     /// How long after the first report of the end every other caller may take to report it.
-    pub bound: Dur,
-    pub deadline: Dur,
+    pub bound: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 fn default_callers() -> u32 {
@@ -81,7 +81,7 @@ impl StepSpec for CallerSeesEnd {
 }
 
 impl StepKind for CallerSeesEnd {
-    fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
         pair(ctx, self.deadline.0, PATIENCE, |deadline| self.read(ctx, deadline, report))
     }
 }
@@ -103,7 +103,7 @@ struct Verdict {
 }
 
 impl CallerSeesEnd {
-    fn read(&self, ctx: &Ctx, deadline: Instant, report: &mut StepReport) -> Result<()> {
+    fn read(&self, ctx: &RankContext, deadline: Instant, report: &mut StepReport) -> Result<()> {
         let (mut cases, mut misreported, mut late, mut by_receiver) = (0u64, 0u64, 0u64, 0u64);
         let mut slowest = 0f64;
         let mut tag = 0u64;
@@ -151,7 +151,7 @@ impl CallerSeesEnd {
         Ok(())
     }
 
-    fn case(&self, ctx: &Ctx, end: End, callers: usize, tag: u64) -> Result<Verdict> {
+    fn case(&self, ctx: &RankContext, end: End, callers: usize, tag: u64) -> Result<Verdict> {
         let conn = accept_conn(ctx, PATIENCE)?;
         let lens = vec![32; FRAMES_BEFORE as usize];
         let d = Driver::new(&conn, Script::new(ctx.seed, tag << 8, lens), PATIENCE)?;

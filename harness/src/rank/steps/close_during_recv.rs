@@ -19,10 +19,10 @@ use super::raw_peer::accept_conn;
 use super::scripted_peer::{pair, stop_peer, Driver, Script};
 use super::{fd_is_closed, in_range, percentile, settle, Seeded, StepKind};
 use crate::hosts::procfs::{gettid, open_fds, thread_sleeps_in, threads, wait_until, POLL_CALLS};
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -38,8 +38,8 @@ crate::declare_metrics! {
 pub struct CloseDuringRecv {
     pub cycles: u32,
     /// How long `close`, and each blocked caller's return after it, may take.
-    pub bound: Dur,
-    pub deadline: Dur,
+    pub bound: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 const MAX_CYCLES: u32 = 100_000;
@@ -87,7 +87,7 @@ impl StepSpec for CloseDuringRecv {
 }
 
 impl StepKind for CloseDuringRecv {
-    fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
         pair(ctx, self.deadline.0, PEER_PATIENCE, |deadline| self.close_cycles(ctx, deadline, report))
     }
 }
@@ -110,7 +110,7 @@ struct Cycle {
 }
 
 impl CloseDuringRecv {
-    fn close_cycles(&self, ctx: &Ctx, deadline: Instant, report: &mut StepReport) -> Result<()> {
+    fn close_cycles(&self, ctx: &RankContext, deadline: Instant, report: &mut StepReport) -> Result<()> {
         let mut rng = Seeded::new(ctx.seed, 0x434c_4f53);
         let (fds_before, threads_before) = (open_fds(), threads());
         let bound_ms = self.bound.0.as_secs_f64() * 1e3;
@@ -188,7 +188,7 @@ impl CloseDuringRecv {
     }
 }
 
-fn cycle(ctx: &Ctx, i: u64, want_parked: bool, callers: usize) -> Result<Cycle> {
+fn cycle(ctx: &RankContext, i: u64, want_parked: bool, callers: usize) -> Result<Cycle> {
     let conn = accept_conn(ctx, PATIENCE)?;
     let d = Driver::new(&conn, Script::new(ctx.seed, i << 8, vec![16; NUDGES]), PATIENCE)?;
     let tids = Mutex::new(Vec::<i32>::new());

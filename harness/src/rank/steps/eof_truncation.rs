@@ -9,13 +9,13 @@ use wringer_transport::frame::{FrameError, Section, HEADER_LEN};
 use wringer_transport::ReceiverError;
 
 use super::raw_connect;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::raw_peer::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -27,7 +27,7 @@ crate::declare_metrics! {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EofTruncation {
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for EofTruncation {
@@ -45,7 +45,7 @@ impl StepSpec for EofTruncation {
 }
 
 impl StepKind for EofTruncation {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         eof_truncation(ctx, step, self.deadline.0, report)
     }
 }
@@ -60,7 +60,7 @@ const ENDINGS: [&str; 5] = [
 ];
 
 pub fn eof_truncation(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     deadline: Duration,
     report: &mut StepReport,

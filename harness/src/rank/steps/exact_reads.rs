@@ -10,13 +10,13 @@ use anyhow::Result;
 use wringer_transport::frame::HEADER_LEN;
 
 use super::{pattern, raw_connect};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::raw_peer::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -38,7 +38,7 @@ pub struct ExactReads {
     pub large_sizes: Vec<u32>,
     #[serde(default)]
     pub random_splits: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 /// Largest payload, as the transport accepts.
@@ -89,7 +89,7 @@ impl StepSpec for ExactReads {
 }
 
 impl StepKind for ExactReads {
-    fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
         let plan = self.plan(ctx.seed);
         match ctx.rank {
             1 => send(ctx, &plan, self.deadline.0),
@@ -135,7 +135,7 @@ impl ExactReads {
     }
 }
 
-fn send(ctx: &Ctx, plan: &[(usize, Delivery)], deadline: Duration) -> Result<()> {
+fn send(ctx: &RankContext, plan: &[(usize, Delivery)], deadline: Duration) -> Result<()> {
     let mut s = raw_connect(ctx.peers[0].raw, deadline)?;
     // A receiver that stopped reading (it failed) must not leave this write blocked forever.
     s.set_write_timeout(Some(STALLED_WRITE))?;
@@ -160,7 +160,7 @@ fn send(ctx: &Ctx, plan: &[(usize, Delivery)], deadline: Duration) -> Result<()>
 }
 
 fn receive(
-    ctx: &Ctx,
+    ctx: &RankContext,
     plan: &[(usize, Delivery)],
     deadline: Duration,
     report: &mut StepReport,
@@ -213,7 +213,7 @@ mod tests {
             split_payload_bytes: 4,
             large_sizes: large,
             random_splits: random,
-            deadline: Dur(Duration::from_secs(10)),
+            deadline: HumanDuration(Duration::from_secs(10)),
         }
     }
 

@@ -23,11 +23,11 @@ use super::external::{self, wall_us, Exit, External, Line, Pipe, SpawnError};
 use super::template::{self, Values};
 use super::{Preflight, Reconciled, StepKind, StruckFault};
 use crate::hosts::{procfs, programs};
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::name::printable;
 use crate::model::metric::Metric;
 use crate::model::scenario::{Fault, FaultAction, StepSpec};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -48,8 +48,8 @@ pub struct Exec {
     /// A program that prints nothing for this long (while not frozen by a fault) is killed
     /// and judged for it, well before the deadline.
     #[serde(default)]
-    pub no_output_timeout: Option<Dur>,
-    pub deadline: Dur,
+    pub no_output_timeout: Option<HumanDuration>,
+    pub deadline: HumanDuration,
     /// How much of each program's output goes into its rank log (MiB, 1 to 1024; 16 when
     /// absent). Past it, lines are still read for errors, readiness and metrics, but not
     /// logged; the log and the result say how many were left out.
@@ -124,7 +124,7 @@ pub struct Ready {
     #[serde(default)]
     pub command: Option<Vec<String>>,
     #[serde(default = "ready_timeout")]
-    pub timeout: Dur,
+    pub timeout: HumanDuration,
 }
 
 impl Ready {
@@ -142,8 +142,8 @@ impl Ready {
 /// How a role that never became ready is reported; its failures come first in the verdict.
 const NEVER_READY: &str = "never became ready";
 
-fn ready_timeout() -> Dur {
-    Dur(Duration::from_secs(30))
+fn ready_timeout() -> HumanDuration {
+    HumanDuration(Duration::from_secs(30))
 }
 
 /// A metric read from the program's output: the first capture group of `regex`, or the
@@ -167,11 +167,11 @@ pub struct RoleExpect {
     /// Killed by this signal (`SIGKILL`).
     pub signal: Option<String>,
     /// Exits, any way, within this long of the fault.
-    pub exit_within: Option<Dur>,
+    pub exit_within: Option<HumanDuration>,
     /// Prints an `error` line within this long of the fault,
-    pub detect_within: Option<Dur>,
+    pub detect_within: Option<HumanDuration>,
     /// and not before this long after it (a timeout that fires early is a bug too).
-    pub detect_not_before: Option<Dur>,
+    pub detect_not_before: Option<HumanDuration>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -186,7 +186,7 @@ pub struct RoleFault {
     pub action: FaultAction,
     pub at: Trigger,
     #[serde(default)]
-    pub delay: Option<Dur>,
+    pub delay: Option<HumanDuration>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -571,7 +571,7 @@ fn ready_barrier(step: usize, role: &str) -> String {
 }
 
 impl StepKind for Exec {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         let Some((name, role)) = self.role_of(ctx.rank) else {
             return Ok(());
         };
@@ -775,7 +775,7 @@ fn missing(program: &str, role: &Role) -> anyhow::Error {
     )
 }
 
-fn values(ctx: &Ctx, dir: &std::path::Path) -> Values {
+fn values(ctx: &RankContext, dir: &std::path::Path) -> Values {
     let host = ctx.peers[ctx.rank as usize].transport.ip();
     Values {
         rank: ctx.rank,
@@ -803,7 +803,7 @@ fn interface_of(ip: std::net::IpAddr) -> Option<String> {
 
 /// Stacks of the program and every process under it, into the rank log, before the harness
 /// ends it: a hang is evidence like any other.
-fn hang_evidence(ctx: &Ctx, role: &str, proc: &External) {
+fn hang_evidence(ctx: &RankContext, role: &str, proc: &External) {
     for pid in procfs::process_tree(proc.pid()) {
         let stacks = procfs::capture_stacks(pid, Some(Duration::from_secs(10)));
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -815,7 +815,7 @@ fn hang_evidence(ctx: &Ctx, role: &str, proc: &External) {
     }
 }
 
-fn log(ctx: &Ctx, role: &str, started: Instant, text: &str) {
+fn log(ctx: &RankContext, role: &str, started: Instant, text: &str) {
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     eprintln!("[exec {role} rank {} +{ms:.3}ms] {text}", ctx.rank);
 }
@@ -887,7 +887,7 @@ impl<'a> Watch<'a> {
     }
 
     /// Log and read one output line; true when it makes the program ready.
-    fn line(&mut self, ctx: &Ctx, l: &Line, started: Instant) -> bool {
+    fn line(&mut self, ctx: &RankContext, l: &Line, started: Instant) -> bool {
         let pipe = match l.pipe {
             Pipe::Out => "out",
             Pipe::Err => "err",
@@ -948,7 +948,7 @@ impl<'a> Watch<'a> {
         }
     }
 
-    fn on_ready(&mut self, ctx: &Ctx, step: usize, at: Instant) -> Result<()> {
+    fn on_ready(&mut self, ctx: &RankContext, step: usize, at: Instant) -> Result<()> {
         self.record.ready_us = Some(wall_us(at));
         eprintln!("[exec {} rank {}] ready", self.name, ctx.rank);
         ctx.control.point(step, &format!("{}:ready", self.name))?;
@@ -964,7 +964,7 @@ impl<'a> Watch<'a> {
 
     /// Strike every fault whose time has come: a signal to the program, or, for a fault on its
     /// host, the point where the coordinator strikes it (see `faults`).
-    fn strike_due(&mut self, ctx: &Ctx, step: usize, proc: &External) {
+    fn strike_due(&mut self, ctx: &RankContext, step: usize, proc: &External) {
         let now = Instant::now();
         for f in &mut self.faults {
             if f.struck || f.due.is_none_or(|due| now < due) {

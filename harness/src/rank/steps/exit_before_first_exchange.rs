@@ -9,12 +9,12 @@ use anyhow::Result;
 use wringer_transport::Connection;
 
 use super::{connect_to, seq};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::{RankMsg, StepReport};
 use serde::{Deserialize, Serialize};
 
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -22,8 +22,8 @@ use crate::model::scenario::StepSpec;
 #[serde(deny_unknown_fields)]
 pub struct ExitBeforeFirstExchange {
     pub exiting_rank: u32,
-    pub connect_timeout: Dur,
-    pub deadline: Dur,
+    pub connect_timeout: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for ExitBeforeFirstExchange {
@@ -55,13 +55,13 @@ impl StepSpec for ExitBeforeFirstExchange {
 }
 
 impl StepKind for ExitBeforeFirstExchange {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         exit_before_first_exchange(ctx, step, self.exiting_rank, self.connect_timeout.0, report)
     }
 }
 
 pub fn exit_before_first_exchange(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     exiting: u32,
     connect_timeout: Duration,

@@ -10,7 +10,7 @@ use wringer_transport::Connection;
 
 use super::{connect_to, seq};
 use crate::model::invalid::Invalid;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 
 /// Which transport carries the step's messages.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl Fabric {
     /// the pair is ranks 0 and 1 (see [`Fabric::check_peer`]).
     pub fn link(
         self,
-        ctx: &Ctx,
+        ctx: &RankContext,
         step: usize,
         peer: u32,
         max_message: u32,

@@ -10,7 +10,7 @@ use wringer_transport::gpu::rdma::GpuRegion;
 use wringer_transport::gpu::Gpu;
 use wringer_transport::rdma::rc::{RcConnection, Received, RemoteRegion};
 
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
@@ -58,12 +58,12 @@ impl StepSpec for GpuPingpongRdma {
 }
 
 impl StepKind for GpuPingpongRdma {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         rdma(ctx, step, &self.0, report)
     }
 }
 
-pub fn rdma(ctx: &Ctx, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+pub fn rdma(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
     let deadline = plan.deadline.0;
     if !ctx.in_pair() {
         return Ok(());

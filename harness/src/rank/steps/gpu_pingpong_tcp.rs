@@ -9,7 +9,7 @@ use wringer_transport::gpu::tcp::TcpStaging;
 use wringer_transport::Connection;
 
 use super::{connect_to, seq};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
@@ -50,12 +50,12 @@ impl StepSpec for GpuPingpongTcp {
 }
 
 impl StepKind for GpuPingpongTcp {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         tcp(ctx, step, &self.0, report)
     }
 }
 
-pub fn tcp(ctx: &Ctx, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+pub fn tcp(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
     let deadline = plan.deadline.0;
     if !ctx.in_pair() {
         return Ok(());

@@ -6,9 +6,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use wringer_transport::gpu::{inventory, pattern, DeviceBuffer, Gpu};
 
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Series;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
@@ -27,7 +27,7 @@ pub struct GpuParams {
     pub sizes: Vec<u32>,
     pub iterations: u32,
     pub stream_messages: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl GpuParams {
@@ -46,12 +46,12 @@ pub(super) const SLOTS: usize = 4;
 
 /// The pattern seed of one message: distinct per step, size, iteration and phase, so a message
 /// delivered to the wrong place or twice is a mismatch.
-pub(super) fn seed(ctx: &Ctx, step: usize, size: usize, n: u32, stream: bool) -> u64 {
+pub(super) fn seed(ctx: &RankContext, step: usize, size: usize, n: u32, stream: bool) -> u64 {
     ctx.seed ^ (step as u64) << 56 ^ (stream as u64) << 55 ^ (size as u64) << 24 ^ n as u64
 }
 
 /// Open this rank's GPU (rank modulo the GPUs this host has) and note what it is.
-pub(super) fn open(ctx: &Ctx, report: &mut StepReport) -> Result<Gpu> {
+pub(super) fn open(ctx: &RankContext, report: &mut StepReport) -> Result<Gpu> {
     let count = inventory()
         .context("this step needs an NVIDIA GPU")?
         .devices

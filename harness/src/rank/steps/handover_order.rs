@@ -21,10 +21,10 @@ use super::raw_peer::accept_conn;
 use super::scripted_peer::{pair, stop_peer, Driver, Script};
 use super::{in_range, Seeded, StepKind};
 use crate::hosts::procfs::wait_until;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -45,7 +45,7 @@ pub struct HandoverOrder {
     /// Callers receiving at once in the several-callers rounds.
     #[serde(default = "default_callers")]
     pub callers: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 fn default_callers() -> u32 {
@@ -88,7 +88,7 @@ impl StepSpec for HandoverOrder {
 }
 
 impl StepKind for HandoverOrder {
-    fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
         pair(ctx, self.deadline.0, PATIENCE, |deadline| Reader::new(self, ctx, deadline).run(report))
     }
 }
@@ -123,7 +123,7 @@ fn plan(seed: u64, rounds: u32) -> Vec<(Round, u64)> {
 }
 
 struct Reader<'a> {
-    ctx: &'a Ctx,
+    ctx: &'a RankContext,
     rounds: Vec<(Round, u64)>,
     callers: u32,
     rng: Seeded,
@@ -137,7 +137,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn new(step: &HandoverOrder, ctx: &'a Ctx, deadline: Instant) -> Reader<'a> {
+    fn new(step: &HandoverOrder, ctx: &'a RankContext, deadline: Instant) -> Reader<'a> {
         Reader {
             ctx,
             rounds: plan(ctx.seed, step.rounds),

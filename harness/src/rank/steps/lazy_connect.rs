@@ -12,12 +12,12 @@ use wringer_transport::{
 
 use super::seq;
 use crate::hosts::procfs::wait_until;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -34,8 +34,8 @@ crate::declare_metrics! {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LazyConnect {
-    pub wait_timeout: Dur,
-    pub deadline: Dur,
+    pub wait_timeout: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for LazyConnect {
@@ -63,13 +63,13 @@ impl StepSpec for LazyConnect {
 }
 
 impl StepKind for LazyConnect {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         run(ctx, step, self.wait_timeout.0, self.deadline.0, report)
     }
 }
 
 pub fn run(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     wait: Duration,
     deadline: Duration,
@@ -83,7 +83,7 @@ pub fn run(
 }
 
 pub(super) fn initiate(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     n: u64,
     generation: u64,
@@ -106,7 +106,7 @@ pub(super) fn initiate(
 }
 
 fn initiator_side(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     deadline: Duration,
     report: &mut StepReport,
@@ -143,7 +143,7 @@ fn initiator_side(
 }
 
 fn listener_side(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     wait: Duration,
     deadline: Duration,

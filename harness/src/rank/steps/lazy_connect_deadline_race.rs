@@ -13,10 +13,10 @@ use serde::{Deserialize, Serialize};
 use wringer_transport::Error;
 
 use super::{connect_within, seq, Reconciled, StepKind, StruckFault};
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -31,10 +31,10 @@ crate::declare_metrics! {
 pub struct LazyConnectDeadlineRace {
     pub attempts: u32,
     /// The listener's wait for each attempt.
-    pub wait_timeout: Dur,
+    pub wait_timeout: HumanDuration,
     /// Connects land within this much of the wait's deadline, either side.
-    pub spread: Dur,
-    pub deadline: Dur,
+    pub spread: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 const MAX_ATTEMPTS: u32 = 5000;
@@ -109,7 +109,7 @@ impl StepSpec for LazyConnectDeadlineRace {
 }
 
 impl StepKind for LazyConnectDeadlineRace {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         if !ctx.in_pair() {
             return Ok(());
         }
@@ -203,7 +203,7 @@ impl StepKind for LazyConnectDeadlineRace {
 }
 
 /// Rank 1's side of one attempt: connect, and prove the connection with one frame.
-fn initiate(ctx: &Ctx, sequence: u64, limit: Duration) -> Seen {
+fn initiate(ctx: &RankContext, sequence: u64, limit: Duration) -> Seen {
     match connect_within(ctx, ctx.peers[0].transport, sequence, limit) {
         Ok(conn) => match conn.send(b"attempt", limit) {
             Ok(()) => Seen::Connected,
@@ -242,9 +242,9 @@ mod tests {
     fn step() -> LazyConnectDeadlineRace {
         LazyConnectDeadlineRace {
             attempts: 4,
-            wait_timeout: Dur(Duration::from_millis(20)),
-            spread: Dur(Duration::from_millis(10)),
-            deadline: Dur(Duration::from_secs(30)),
+            wait_timeout: HumanDuration(Duration::from_millis(20)),
+            spread: HumanDuration(Duration::from_millis(10)),
+            deadline: HumanDuration(Duration::from_secs(30)),
         }
     }
 
@@ -289,7 +289,7 @@ mod tests {
     fn attempts_spread_and_deadline_are_checked() {
         assert!(step().check(2).is_ok());
         let mut s = step();
-        s.spread = Dur(Duration::from_millis(20));
+        s.spread = HumanDuration(Duration::from_millis(20));
         assert!(s.check(2).is_err());
         s = step();
         s.attempts = 5001;

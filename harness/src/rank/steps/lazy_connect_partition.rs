@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::seq;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::lazy_connect::{initiate, wait_out};
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -24,9 +24,9 @@ crate::declare_metrics! {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LazyConnectPartition {
-    pub wait_timeout: Dur,
-    pub connect_deadline: Dur,
-    pub deadline: Dur,
+    pub wait_timeout: HumanDuration,
+    pub connect_deadline: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 /// The point its ranks report, where a scenario's fault may strike.
@@ -56,7 +56,7 @@ impl StepSpec for LazyConnectPartition {
 }
 
 impl StepKind for LazyConnectPartition {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         partition(
             ctx,
             step,
@@ -72,7 +72,7 @@ impl StepKind for LazyConnectPartition {
 /// connects. The listener's wait must time out once, on time; the initiator's connect must give
 /// up at its deadline.
 pub fn partition(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     wait: Duration,
     connect_deadline: Duration,

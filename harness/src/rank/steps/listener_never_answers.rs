@@ -15,10 +15,10 @@ use wringer_transport::frame::{Frame, Kind, HEADER_LEN};
 use wringer_transport::Error;
 
 use super::{accept_within, connect_within, StepKind};
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -29,7 +29,7 @@ crate::declare_metrics! {
 #[serde(deny_unknown_fields)]
 pub struct ListenerNeverAnswers {
     /// The initiator's connect deadline (its hello backstop is the same).
-    pub connect_deadline: Dur,
+    pub connect_deadline: HumanDuration,
     /// How many times each case is played.
     #[serde(default = "one")]
     pub rounds: u32,
@@ -37,7 +37,7 @@ pub struct ListenerNeverAnswers {
     /// scenario fault cuts its host's link (no FIN, no RST). Only the silent case is played.
     #[serde(default)]
     pub cut_link_after_hello: bool,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 fn one() -> u32 {
@@ -117,7 +117,7 @@ impl StepSpec for ListenerNeverAnswers {
 }
 
 impl StepKind for ListenerNeverAnswers {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         if !ctx.in_pair() {
             return Ok(());
         }
@@ -233,10 +233,10 @@ mod tests {
     #[test]
     fn rounds_and_the_step_deadline_are_checked() {
         let step = |rounds, deadline| ListenerNeverAnswers {
-            connect_deadline: Dur(Duration::from_secs(1)),
+            connect_deadline: HumanDuration(Duration::from_secs(1)),
             rounds,
             cut_link_after_hello: false,
-            deadline: Dur(Duration::from_secs(deadline)),
+            deadline: HumanDuration(Duration::from_secs(deadline)),
         };
         assert!(step(1, 30).check(2).is_ok());
         let mut cut = step(2, 30);

@@ -17,10 +17,10 @@ use wringer_transport::Error;
 use super::raw_peer::accept_conn;
 use super::scripted_peer::{pair, stop_peer, Driver, Script};
 use super::{in_range, Seeded, StepKind};
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -41,8 +41,8 @@ pub struct MidFrameDeadlines {
     #[serde(default)]
     pub large_every: u32,
     /// The deadline each `recv` is given, which expires at the cuts.
-    pub recv_timeout: Dur,
-    pub deadline: Dur,
+    pub recv_timeout: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 const MAX_FRAMES: u32 = 100_000;
@@ -86,7 +86,7 @@ impl StepSpec for MidFrameDeadlines {
 }
 
 impl StepKind for MidFrameDeadlines {
-    fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
         pair(ctx, self.deadline.0, PATIENCE, |deadline| self.read(ctx, deadline, report))
     }
 }
@@ -133,7 +133,7 @@ impl MidFrameDeadlines {
         cuts.into_iter().collect()
     }
 
-    fn read(&self, ctx: &Ctx, deadline: Instant, report: &mut StepReport) -> Result<()> {
+    fn read(&self, ctx: &RankContext, deadline: Instant, report: &mut StepReport) -> Result<()> {
         let mut rng = Seeded::new(ctx.seed, 0x4d49_4446);
         let conn = accept_conn(ctx, PATIENCE)?;
         let lens = self.lens(&mut rng);
@@ -228,8 +228,8 @@ mod tests {
             header_cuts: 3,
             payload_cuts: 2,
             large_every: 4,
-            recv_timeout: Dur(Duration::from_millis(5)),
-            deadline: Dur(Duration::from_secs(10)),
+            recv_timeout: HumanDuration(Duration::from_millis(5)),
+            deadline: HumanDuration(Duration::from_secs(10)),
         }
     }
 

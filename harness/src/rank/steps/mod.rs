@@ -25,14 +25,14 @@ pub use support::*;
 use crate::model::input::InputError;
 use crate::model::metric::{Metric, Series};
 use crate::model::scenario::{self, Named, StepSpec};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 /// One step kind: what it declares ([`StepSpec`], checked before anything runs) and what a
 /// rank does in it.
 pub trait StepKind: StepSpec {
     /// What this rank does in the step; evidence goes into `report`.
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()>;
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()>;
 
     /// Evidence only the coordinator can derive, from every rank's report of this step (both
     /// sides of each connection agreeing, say). The metrics must be among those declared;
@@ -286,7 +286,7 @@ pub fn parse(path: &std::path::Path, text: &str) -> Result<Loaded, InputError> {
 }
 
 /// Run one step on this rank and check that its evidence is what the kind declared.
-pub fn run(step: &Step, ctx: &Ctx, index: usize) -> Result<StepReport> {
+pub fn run(step: &Step, ctx: &RankContext, index: usize) -> Result<StepReport> {
     let mut report = StepReport::new(index);
     step.kind().run(ctx, index, &mut report)?;
     report

@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 use super::fabric::Fabric;
 use super::support::{DETECT_MS, SURVIVOR_DETECTED};
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::invalid::Invalid;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -25,8 +25,8 @@ pub struct PeerDeath {
     #[serde(default = "first")]
     pub victim: u32,
     pub frames_before_fault: u32,
-    pub detect_timeout: Dur,
-    pub deadline: Dur,
+    pub detect_timeout: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 fn first() -> u32 {
@@ -66,7 +66,7 @@ impl StepSpec for PeerDeath {
 }
 
 impl StepKind for PeerDeath {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         let (detect_timeout, deadline) = (self.detect_timeout.0, self.deadline.0);
         let end = Instant::now() + deadline;
         let Some(mut link) = self.fabric.link(ctx, step, self.victim, 4096, deadline)? else {

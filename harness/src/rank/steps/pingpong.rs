@@ -9,12 +9,12 @@ use anyhow::{anyhow, Result};
 use wringer_transport::Connection;
 
 use super::{connect_to, pattern, seq};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::{check_sizes, StepKind};
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::{Metric, Series};
 use crate::model::scenario::StepSpec;
 
@@ -27,7 +27,7 @@ crate::declare_metrics! {
 pub struct Pingpong {
     pub sizes: Vec<u32>,
     pub iterations: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 /// The point its ranks report, where a scenario's fault may strike.
@@ -60,7 +60,7 @@ impl StepSpec for Pingpong {
 }
 
 impl StepKind for Pingpong {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         run(
             ctx,
             step,
@@ -73,7 +73,7 @@ impl StepKind for Pingpong {
 }
 
 pub fn run(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     sizes: &[u32],
     iterations: u32,
@@ -136,7 +136,7 @@ pub fn run(
 }
 
 /// Connect to every other rank: initiate towards higher ranks, wait for lower ones.
-fn mesh(ctx: &Ctx, step: usize, deadline: Duration) -> Result<BTreeMap<u32, Connection>> {
+fn mesh(ctx: &RankContext, step: usize, deadline: Duration) -> Result<BTreeMap<u32, Connection>> {
     std::thread::scope(|s| {
         let initiators: Vec<_> = (ctx.rank + 1..ctx.ranks)
             .map(|peer| {

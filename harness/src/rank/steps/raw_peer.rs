@@ -8,7 +8,7 @@ use wringer_transport::{Connection, ConnectionOptions, Error, ReceiverError, Ter
 
 use super::{accept_within, pattern};
 use crate::hosts::procfs::wait_until;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 
 pub(super) fn data(seed: u64, seq: u64, len: usize) -> Vec<u8> {
     Frame::new(Kind::Data, seq, pattern(seed, seq, len))
@@ -16,7 +16,7 @@ pub(super) fn data(seed: u64, seq: u64, len: usize) -> Vec<u8> {
         .encode()
 }
 
-pub(super) fn accept_conn(ctx: &Ctx, timeout: Duration) -> Result<Connection> {
+pub(super) fn accept_conn(ctx: &RankContext, timeout: Duration) -> Result<Connection> {
     let s = accept_within(&ctx.raw, timeout)?;
     Ok(Connection::from_stream(s, ConnectionOptions::default())?)
 }

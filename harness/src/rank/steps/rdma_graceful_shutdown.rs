@@ -10,13 +10,13 @@ use wringer_transport::rdma::rc::{connect, Received};
 use wringer_transport::rdma::server::{RdmaServer, ServerOptions};
 
 use super::pattern;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::rdma_support::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -34,11 +34,11 @@ crate::declare_metrics! {
 pub struct RdmaGracefulShutdown {
     pub connections: u32,
     pub messages: u32,
-    pub stats_period: Dur,
+    pub stats_period: HumanDuration,
     /// How long each worker takes to leave once told to (its queue draining).
     #[serde(default)]
-    pub worker_drain: Option<Dur>,
-    pub deadline: Dur,
+    pub worker_drain: Option<HumanDuration>,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for RdmaGracefulShutdown {
@@ -75,13 +75,13 @@ impl StepSpec for RdmaGracefulShutdown {
 }
 
 impl StepKind for RdmaGracefulShutdown {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         graceful_shutdown(ctx, step, self, report)
     }
 }
 
 pub fn graceful_shutdown(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     p: &RdmaGracefulShutdown,
     report: &mut StepReport,

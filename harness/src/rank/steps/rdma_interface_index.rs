@@ -7,13 +7,13 @@ use anyhow::{bail, Result};
 use wringer_transport::rdma::rc::{connect, Received};
 use wringer_transport::rdma::server::{RdmaServer, ServerOptions};
 
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::rdma_support::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -25,7 +25,7 @@ crate::declare_metrics! {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaInterfaceIndex {
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for RdmaInterfaceIndex {
@@ -46,13 +46,13 @@ impl StepSpec for RdmaInterfaceIndex {
 }
 
 impl StepKind for RdmaInterfaceIndex {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         interface_index(ctx, step, self.deadline.0, report)
     }
 }
 
 pub fn interface_index(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     deadline: Duration,
     report: &mut StepReport,

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::rdma_support::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -27,7 +27,7 @@ crate::declare_metrics! {
 pub struct RdmaInteropRcPingpong {
     pub size: u32,
     pub iterations: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for RdmaInteropRcPingpong {
@@ -58,7 +58,7 @@ impl StepSpec for RdmaInteropRcPingpong {
 }
 
 impl StepKind for RdmaInteropRcPingpong {
-    fn run(&self, ctx: &Ctx, _step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
         interop(ctx, self.size, self.iterations, self.deadline.0, report)
     }
 }
@@ -74,7 +74,7 @@ fn reference(args: &[String], limit: Duration) -> Result<(bool, String)> {
 }
 
 pub fn interop(
-    ctx: &Ctx,
+    ctx: &RankContext,
     size: u32,
     iterations: u32,
     deadline: Duration,

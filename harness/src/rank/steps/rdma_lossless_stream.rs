@@ -8,13 +8,13 @@ use anyhow::{bail, Result};
 use wringer_transport::rdma::rc::Received;
 
 use super::pattern;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::rdma_support::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -28,7 +28,7 @@ crate::declare_metrics! {
 pub struct RdmaLosslessStream {
     pub messages: u32,
     pub size: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for RdmaLosslessStream {
@@ -58,13 +58,13 @@ impl StepSpec for RdmaLosslessStream {
 }
 
 impl StepKind for RdmaLosslessStream {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         stream(ctx, step, self.messages, self.size, self.deadline.0, report)
     }
 }
 
 pub fn stream(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     messages: u32,
     size: u32,

@@ -8,13 +8,13 @@ use anyhow::{bail, Context, Result};
 use wringer_transport::rdma::rc::{RcConnection, Received, RemoteRegion};
 
 use super::pattern;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::rdma_support::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::{Metric, Series};
 use crate::model::scenario::StepSpec;
 
@@ -27,7 +27,7 @@ crate::declare_metrics! {
 pub struct RdmaPingpong {
     pub sizes: Vec<u32>,
     pub iterations: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for RdmaPingpong {
@@ -62,7 +62,7 @@ impl StepSpec for RdmaPingpong {
 }
 
 impl StepKind for RdmaPingpong {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         pingpong(
             ctx,
             step,
@@ -75,7 +75,7 @@ impl StepKind for RdmaPingpong {
 }
 
 pub fn pingpong(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     sizes: &[u32],
     iterations: u32,
@@ -144,7 +144,7 @@ pub fn pingpong(
 /// Ping-pong by RDMA WRITE between memory the step owns and registered itself (the path GPU
 /// buffers take when staged): the receiver finds the bytes in its own region, nothing copied.
 fn region_pingpong(
-    ctx: &Ctx,
+    ctx: &RankContext,
     c: &mut RcConnection,
     sizes: &[u32],
     iterations: u32,

@@ -10,7 +10,7 @@ use wringer_transport::rdma::rc::WcStatus;
 use wringer_transport::rdma::rc::{connect, RcConnection, RcListener, RcOptions};
 use wringer_transport::rdma::server::RdmaServer;
 
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
@@ -67,7 +67,7 @@ pub(super) fn port(step: usize) -> u16 {
 }
 
 /// Where rank 0 serves: its first active RoCE address.
-pub(super) fn server_ip(ctx: &Ctx) -> Result<IpAddr> {
+pub(super) fn server_ip(ctx: &RankContext) -> Result<IpAddr> {
     ctx.peers[0]
         .rdma
         .context("rank 0 has no active RoCE interface")
@@ -96,7 +96,12 @@ pub(super) fn options(max: u32, deadline: Duration) -> RcOptions {
 }
 
 /// Rank 0 accepts, rank 1 connects; the barrier makes sure the listener exists first.
-pub(super) fn pair(ctx: &Ctx, step: usize, max: u32, deadline: Duration) -> Result<RcConnection> {
+pub(super) fn pair(
+    ctx: &RankContext,
+    step: usize,
+    max: u32,
+    deadline: Duration,
+) -> Result<RcConnection> {
     let server = server_ip(ctx)?;
     let addr = SocketAddr::new(server, port(step));
     let opts = options(max, deadline);

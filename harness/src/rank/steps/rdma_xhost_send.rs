@@ -11,13 +11,13 @@ use wringer_transport::rdma::rc::{connect, Received};
 use wringer_transport::rdma::server::{RdmaServer, ServerOptions};
 
 use super::pattern;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::rdma_support::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -29,8 +29,8 @@ crate::declare_metrics! {
 #[serde(deny_unknown_fields)]
 pub struct RdmaXhostSend {
     pub messages: u32,
-    pub server_seconds: Dur,
-    pub deadline: Dur,
+    pub server_seconds: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for RdmaXhostSend {
@@ -59,7 +59,7 @@ impl StepSpec for RdmaXhostSend {
 }
 
 impl StepKind for RdmaXhostSend {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         xhost_send(
             ctx,
             step,
@@ -72,7 +72,7 @@ impl StepKind for RdmaXhostSend {
 }
 
 pub fn xhost_send(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     messages: u32,
     server_seconds: Duration,

@@ -9,13 +9,13 @@ use wringer_transport::Error;
 
 use super::raw_connect;
 use crate::hosts::procfs::wait_until;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::raw_peer::*;
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -27,7 +27,7 @@ crate::declare_metrics! {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReceiverError {
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for ReceiverError {
@@ -45,13 +45,13 @@ impl StepSpec for ReceiverError {
 }
 
 impl StepKind for ReceiverError {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         receiver_error(ctx, step, self.deadline.0, report)
     }
 }
 
 pub fn receiver_error(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     deadline: Duration,
     report: &mut StepReport,

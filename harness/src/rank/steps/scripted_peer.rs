@@ -15,7 +15,7 @@ use wringer_transport::{Connection, Error, ReceiverError};
 
 use super::raw_peer::{accept_conn, data};
 use super::{pattern, raw_connect};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 
 /// How a scripted stream ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,7 +237,7 @@ pub(super) fn ignored_payload() -> Vec<u8> {
 }
 
 /// Rank 0: tell the peer the step is over (on a connection of its own).
-pub(super) fn stop_peer(ctx: &Ctx, timeout: Duration) -> Result<()> {
+pub(super) fn stop_peer(ctx: &RankContext, timeout: Duration) -> Result<()> {
     let conn = accept_conn(ctx, timeout)?;
     conn.send(&Command::Stop.encode(), timeout)?;
     conn.flush(timeout)?;
@@ -251,7 +251,7 @@ pub(super) fn stop_peer(ctx: &Ctx, timeout: Duration) -> Result<()> {
 /// deadline as an instant), rank 1 serves as the peer, closing a connection that stays idle for
 /// `peer_patience`, and any other rank sits the step out.
 pub(super) fn pair(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step_deadline: Duration,
     peer_patience: Duration,
     read: impl FnOnce(Instant) -> Result<()>,
@@ -267,7 +267,7 @@ pub(super) fn pair(
 /// Rank 1: connect to rank 0's raw listener and obey each connection's commands until told to
 /// stop. A connection whose commands stop coming for `idle` is closed by us (the test then
 /// waited for its peer: evidence for rank 0, never a hang), and the next one begins.
-fn serve(ctx: &Ctx, idle: Duration, deadline: Instant) -> Result<()> {
+fn serve(ctx: &RankContext, idle: Duration, deadline: Instant) -> Result<()> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {

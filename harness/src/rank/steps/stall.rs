@@ -6,17 +6,17 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Stall {
-    pub duration: Dur,
-    pub deadline: Dur,
+    pub duration: HumanDuration,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for Stall {
@@ -38,7 +38,7 @@ impl StepSpec for Stall {
 }
 
 impl StepKind for Stall {
-    fn run(&self, _ctx: &Ctx, _step: usize, _report: &mut StepReport) -> Result<()> {
+    fn run(&self, _ctx: &RankContext, _step: usize, _report: &mut StepReport) -> Result<()> {
         std::thread::sleep(self.duration.0);
         Ok(())
     }

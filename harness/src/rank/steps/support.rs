@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use wringer_transport::{connect, ConnectOptions, Connection, Hello};
 
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 
 crate::declare_metrics! {
     pub CYCLES = "cycles", Count, Neither;
@@ -104,7 +104,12 @@ impl Seeded {
     }
 }
 
-pub fn connect_to(ctx: &Ctx, peer: u32, sequence: u64, deadline: Duration) -> Result<Connection> {
+pub fn connect_to(
+    ctx: &RankContext,
+    peer: u32,
+    sequence: u64,
+    deadline: Duration,
+) -> Result<Connection> {
     let hello = Hello {
         rank: ctx.rank,
         sequence,
@@ -127,7 +132,7 @@ pub fn raw_connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream> {
 /// Connect to `addr` as this rank with `sequence`, the connect and the hello both bounded by
 /// `limit`; the transport's error is kept whole, for steps that judge its kind.
 pub fn connect_within(
-    ctx: &Ctx,
+    ctx: &RankContext,
     addr: SocketAddr,
     sequence: u64,
     limit: Duration,

@@ -9,12 +9,12 @@ use wringer_transport::Terminal;
 
 use super::{connect_to, fd_is_closed, percentile, seq, settle};
 use crate::hosts::procfs::{open_fds, threads, wait_until};
-use crate::rank::context::Ctx;
+use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
 use serde::{Deserialize, Serialize};
 
 use super::StepKind;
-use crate::model::duration::Dur;
+use crate::model::duration::HumanDuration;
 use crate::model::metric::Metric;
 use crate::model::scenario::StepSpec;
 
@@ -28,7 +28,7 @@ crate::declare_metrics! {
 #[serde(deny_unknown_fields)]
 pub struct TeardownCycles {
     pub cycles: u32,
-    pub deadline: Dur,
+    pub deadline: HumanDuration,
 }
 
 impl super::Describe for TeardownCycles {
@@ -58,13 +58,13 @@ impl StepSpec for TeardownCycles {
 }
 
 impl StepKind for TeardownCycles {
-    fn run(&self, ctx: &Ctx, step: usize, report: &mut StepReport) -> Result<()> {
+    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
         run(ctx, step, self.cycles, self.deadline.0, report)
     }
 }
 
 pub fn run(
-    ctx: &Ctx,
+    ctx: &RankContext,
     step: usize,
     cycles: u32,
     deadline: Duration,
