@@ -313,3 +313,29 @@ fn every_registered_kind_has_its_own_file() {
         assert!(src().join(format!("rank/steps/{file}.rs")).is_file());
     }
 }
+
+#[test]
+fn every_step_kind_has_unit_tests_in_its_file() {
+    let steps = src().join("rank/steps");
+    let mut kinds = 0;
+    for e in std::fs::read_dir(&steps).unwrap() {
+        let path = e.unwrap().path();
+        if !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        if !text.contains("impl StepKind for") {
+            continue;
+        }
+        kinds += 1;
+        // The tests sit in the kind's file, or in a folder of its name (`mod tests;`).
+        let inline = text.contains("#[cfg(test)]") && text.contains("#[test]");
+        let folder = path.with_extension("").join("tests.rs");
+        assert!(
+            inline || (text.contains("#[cfg(test)]") && folder.is_file()),
+            "{} has no unit tests",
+            path.display()
+        );
+    }
+    assert_eq!(kinds, wringer::rank::steps::Step::NAMES.len());
+}

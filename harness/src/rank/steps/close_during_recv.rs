@@ -270,3 +270,20 @@ fn cycle(ctx: &RankContext, i: u64, want_parked: bool, callers: usize) -> Result
 fn receiver_parked(conn: &Connection) -> bool {
     thread_sleeps_in(conn.receiver_tid(), &[libc::SYS_futex])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn closes_have_a_bound_below_the_peers_patience() {
+        let s = accepted("close-during-recv: { cycles: 300, bound: 250ms, deadline: 220s }", 2);
+        assert!(s.metrics().contains(&CALLERS_NOT_WOKEN_BY_CLOSE));
+        assert!(refused("close-during-recv: { cycles: 0, bound: 250ms, deadline: 220s }", 2).contains("cycles"));
+        // A bound at or past the peer's patience could not tell a close that waits for the
+        // peer from one that does not.
+        assert!(refused("close-during-recv: { cycles: 3, bound: 3s, deadline: 220s }", 2).contains("patience"));
+    }
+}

@@ -120,3 +120,18 @@ pub fn eof_truncation(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn every_ending_is_counted_and_unknown_parameters_are_refused() {
+        let s = accepted("eof-truncation: { deadline: 30s }", 2);
+        assert_eq!(s.metrics(), &[EOF_CASES, EOF_MISCLASSIFIED]);
+        assert_eq!(ENDINGS.len(), 5, "the scenario expects five endings");
+        assert!(refused("eof-truncation: { deadline: 30s, cases: 9 }", 2).contains("unknown field"));
+    }
+}

@@ -163,3 +163,16 @@ pub fn exit_before_first_exchange(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn the_exiting_rank_must_be_one_of_the_group() {
+        let s = accepted("exit-before-first-exchange: { exiting_rank: 3, connect_timeout: 2s, deadline: 30s }", 4);
+        assert_eq!(s.min_ranks(), 3);
+        assert!(refused("exit-before-first-exchange: { exiting_rank: 4, connect_timeout: 2s, deadline: 30s }", 4).contains("not a rank"));
+    }
+}

@@ -184,3 +184,18 @@ fn await_credit(c: &mut RcConnection, deadline: Duration) -> Result<()> {
         other => bail!("expected a stream credit, got {other:?}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn sizes_are_checked_and_dmabuf_is_declared() {
+        let yaml = "gpu-pingpong-rdma: { sizes: [64, 4096], iterations: 50, stream_messages: 32, deadline: 60s }";
+        let s = accepted(yaml, 2);
+        assert!(s.metrics().contains(&GPU_DMABUF));
+        assert!(refused("gpu-pingpong-rdma: { sizes: [], iterations: 50, stream_messages: 32, deadline: 60s }", 2).contains("size"));
+    }
+}

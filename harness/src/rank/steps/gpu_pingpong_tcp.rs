@@ -127,3 +127,16 @@ pub fn tcp(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepRe
     t.into_report(report);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn sizes_and_iterations_are_checked() {
+        let s = accepted("gpu-pingpong-tcp: { sizes: [64, 4096], iterations: 50, stream_messages: 32, deadline: 60s }", 2);
+        assert!(!s.metrics().is_empty());
+        assert!(refused("gpu-pingpong-tcp: { sizes: [64], iterations: 0, stream_messages: 32, deadline: 60s }", 2).contains("iterations"));
+    }
+}

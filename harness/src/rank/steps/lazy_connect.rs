@@ -269,3 +269,17 @@ pub(super) fn wait_out(
     );
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn the_listener_cases_declare_their_evidence() {
+        let s = accepted("lazy-connect: { wait_timeout: 200ms, deadline: 30s }", 2);
+        assert!(s.metrics().contains(&SPURIOUS_TIMEOUTS));
+        assert!(refused("lazy-connect: { wait_timeout: 200ms }", 2).contains("deadline"));
+    }
+}

@@ -294,3 +294,30 @@ pub fn run(step: &Step, ctx: &RankContext, index: usize) -> Result<StepReport> {
         .map_err(anyhow::Error::msg)?;
     Ok(report)
 }
+
+/// What the kinds' unit tests share: a step as the scenario YAML writes it, checked.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Step;
+    use crate::model::scenario::StepSpec;
+
+    /// `yaml` (one step: `kind: { params }`) read and checked against `ranks`.
+    pub fn accepted(yaml: &str, ranks: u32) -> Step {
+        let step: Step = serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+        if let Err(why) = step.check(ranks) {
+            panic!("{yaml} with {ranks} ranks refused: {why}");
+        }
+        step
+    }
+
+    /// Why `yaml` is refused, as a reading error or by the kind's checks against `ranks`.
+    pub fn refused(yaml: &str, ranks: u32) -> String {
+        match serde_saphyr::from_str::<Step>(yaml) {
+            Err(e) => e.to_string(),
+            Ok(step) => match step.check(ranks) {
+                Err(why) => why.0,
+                Ok(()) => panic!("{yaml} with {ranks} ranks was accepted"),
+            },
+        }
+    }
+}

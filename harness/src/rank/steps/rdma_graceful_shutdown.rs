@@ -152,3 +152,19 @@ pub fn graceful_shutdown(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn connections_and_the_drain_are_bounded() {
+        let yaml = "rdma-graceful-shutdown: { connections: 10, messages: 5, stats_period: 5ms, worker_drain: 500ms, deadline: 240s }";
+        let s = accepted(yaml, 2);
+        assert!(s.metrics().contains(&RDMA_STATS_MAX_LOCK_WAIT_MS));
+        assert!(refused(&yaml.replace("connections: 10", "connections: 0"), 2).contains("connections"));
+        assert!(refused(&yaml.replace("worker_drain: 500ms", "worker_drain: 11s"), 2).contains("worker_drain"));
+    }
+}

@@ -115,3 +115,17 @@ pub fn interface_index(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn the_interfaces_served_and_mismatches_are_declared() {
+        let s = accepted("rdma-interface-index: { deadline: 60s }", 2);
+        assert_eq!(s.metrics(), &[RDMA_INTERFACES_SERVED, RDMA_INTERFACE_MISMATCHES]);
+        assert!(refused("rdma-interface-index: { deadline: 60s, interfaces: 3 }", 2).contains("unknown field"));
+    }
+}

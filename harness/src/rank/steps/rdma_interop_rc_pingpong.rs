@@ -163,3 +163,17 @@ pub fn interop(
         .insert(RDMA_COMPLETION_ERRORS, errors as f64);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn one_rank_plays_both_roles_with_checked_sizes() {
+        let s = accepted("rdma-interop-rc-pingpong: { size: 4096, iterations: 100, deadline: 60s }", 1);
+        assert_eq!(s.min_ranks(), 1);
+        assert!(refused("rdma-interop-rc-pingpong: { size: 0, iterations: 100, deadline: 60s }", 1).contains("size"));
+        assert!(refused("rdma-interop-rc-pingpong: { size: 64, iterations: 0, deadline: 60s }", 1).contains("iterations"));
+    }
+}

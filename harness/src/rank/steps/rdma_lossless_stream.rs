@@ -114,3 +114,17 @@ pub fn stream(
     ctx.pair_barrier(step, "done", deadline)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn message_sizes_are_bounded() {
+        let s = accepted("rdma-lossless-stream: { messages: 300, size: 4096, deadline: 90s }", 2);
+        assert!(s.metrics().contains(&RDMA_DROPPED));
+        assert!(refused("rdma-lossless-stream: { messages: 300, size: 33554432, deadline: 90s }", 2).contains("size"));
+    }
+}

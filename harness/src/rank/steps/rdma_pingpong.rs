@@ -202,3 +202,16 @@ fn matches_payload(got: &Received, expected: &[u8], write: bool, it: u32) -> boo
         Received::WrittenToRegion { .. } => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn three_series_and_checked_sizes() {
+        let s = accepted("rdma-pingpong: { sizes: [64, 4096, 65536], iterations: 20, deadline: 90s }", 2);
+        assert_eq!(s.series().len(), 3, "SEND, WRITE with immediate, region WRITE");
+        assert!(refused("rdma-pingpong: { sizes: [64], iterations: 0, deadline: 90s }", 2).contains("iterations"));
+    }
+}

@@ -148,3 +148,17 @@ pub fn xhost_send(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn every_send_is_counted_and_the_count_is_bounded() {
+        let s = accepted("rdma-xhost-send: { messages: 50, server_seconds: 5s, deadline: 200s }", 2);
+        assert!(s.metrics().contains(&RDMA_ECHOES));
+        assert!(refused("rdma-xhost-send: { messages: 0, server_seconds: 5s, deadline: 200s }", 2).contains("messages"));
+    }
+}

@@ -89,3 +89,17 @@ pub fn receiver_error(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn send_and_flush_each_declare_what_they_saw() {
+        let s = accepted("receiver-error: { deadline: 30s }", 2);
+        assert_eq!(s.metrics(), &[SEND_SAW_RECEIVER_ERROR, FLUSH_SAW_RECEIVER_ERROR]);
+        assert!(refused("receiver-error: { }", 2).contains("deadline"));
+    }
+}

@@ -43,3 +43,16 @@ impl StepKind for Stall {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn a_stall_needs_one_rank_and_records_nothing() {
+        let s = accepted("stall: { duration: 3s, deadline: 30s }", 1);
+        assert_eq!((s.min_ranks(), s.metrics().len()), (1, 0));
+        assert!(refused("stall: { duration: 3s }", 1).contains("deadline"));
+    }
+}

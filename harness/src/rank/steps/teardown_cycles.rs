@@ -152,3 +152,18 @@ pub fn run(
     ));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn cycles_are_bounded_and_ebadf_is_declared() {
+        let s = accepted("teardown-cycles: { cycles: 2500, deadline: 150s }", 2);
+        assert!(s.metrics().contains(&EBADF));
+        assert!(refused("teardown-cycles: { cycles: 0, deadline: 150s }", 2).contains("cycles"));
+        assert!(refused("teardown-cycles: { cycles: 4000000000, deadline: 150s }", 2).contains("cycles"));
+    }
+}
