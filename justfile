@@ -107,7 +107,8 @@ test-slurm hosts="hosts/slurm-containers.yaml" *args="": build-deps setup-slurm 
     [ $first = 2 ] && exit 2
     second=0
     if [ "{{hosts}}" = "hosts/slurm-containers.yaml" ]; then
-        bash scripts/slurm-cleanup-check.sh $w
+        # The cleanup checks: a Rust test that reads the runs' typed results (harness/tests/slurm_cleanup.rs).
+        cargo nextest run --release -p wringer --test slurm_cleanup --run-ignored only --no-capture
         second=$?
     fi
     exit $(( first > second ? first : second ))
