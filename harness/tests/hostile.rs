@@ -56,7 +56,7 @@ fn every_parameter_that_sizes_work_has_a_bound() {
         format!("teardown-cycles: {{ cycles: {huge}, deadline: 10s }}"),
         format!("pingpong: {{ sizes: [64], iterations: {huge}, deadline: 10s }}"),
         "pingpong: { sizes: [4294967295], iterations: 1, deadline: 10s }".to_string(),
-        format!("rdma-pingpong: {{ sizes: [64], iterations: {huge}, deadline: 10s }}"),
+        format!("pingpong: {{ fabric: rdma, sizes: [64], iterations: {huge}, deadline: 10s }}"),
         format!("rdma-lossless-stream: {{ messages: 1, size: {huge}, deadline: 10s }}"),
         format!("rdma-lossless-stream: {{ messages: {huge}, size: 64, deadline: 10s }}"),
         format!("rdma-interop-rc-pingpong: {{ size: 64, iterations: {huge}, deadline: 10s }}"),

@@ -31,8 +31,8 @@ pub struct LinkError(pub String);
 /// One connected stream of messages, whichever the fabric.
 pub trait Link {
     fn send(&mut self, payload: &[u8], timeout: Duration) -> Result<(), LinkError>;
-    /// The next message's length.
-    fn recv(&mut self, timeout: Duration) -> Result<usize, LinkError>;
+    /// The next message.
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, LinkError>;
 }
 
 impl Link for Connection {
@@ -40,9 +40,9 @@ impl Link for Connection {
         Connection::send(self, payload, timeout).map_err(|e| LinkError(e.to_string()))
     }
 
-    fn recv(&mut self, timeout: Duration) -> Result<usize, LinkError> {
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, LinkError> {
         Connection::recv(self, timeout)
-            .map(|f| f.payload.len())
+            .map(|f| f.payload)
             .map_err(|e| LinkError(e.to_string()))
     }
 }
@@ -52,9 +52,9 @@ impl Link for RcConnection {
         RcConnection::send(self, payload, timeout).map_err(|e| LinkError(e.to_string()))
     }
 
-    fn recv(&mut self, timeout: Duration) -> Result<usize, LinkError> {
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<u8>, LinkError> {
         match RcConnection::recv(self, timeout) {
-            Ok(Received::Message(m)) => Ok(m.len()),
+            Ok(Received::Message(m)) => Ok(m),
             Ok(other) => Err(LinkError(format!("expected a SEND, got {other:?}"))),
             // The peer's rdma_cm said goodbye (or its port went away): name it as such.
             Err(RdmaError::Disconnected) => Err(LinkError("rdma_cm DISCONNECTED".into())),

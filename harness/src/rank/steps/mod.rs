@@ -171,7 +171,6 @@ registry! {
     LazyConnectPartition(lazy_connect_partition::LazyConnectPartition) = "lazy-connect-partition",
     LazyConnectDeadlineRace(lazy_connect_deadline_race::LazyConnectDeadlineRace) = "lazy-connect-deadline-race",
     Pingpong(pingpong::Pingpong) = "pingpong",
-    RdmaPingpong(rdma_pingpong::RdmaPingpong) = "rdma-pingpong",
     RdmaLosslessStream(rdma_lossless_stream::RdmaLosslessStream) = "rdma-lossless-stream",
     RdmaGracefulShutdown(rdma_graceful_shutdown::RdmaGracefulShutdown) = "rdma-graceful-shutdown",
     RdmaInterfaceIndex(rdma_interface_index::RdmaInterfaceIndex) = "rdma-interface-index",
@@ -189,6 +188,7 @@ registry! {
     ;
     renamed:
     RdmaPeerDeath = "rdma-peer-death" => "`peer-death` with `fabric: rdma` (and `victim: 1`, the default)",
+    RdmaPingpong = "rdma-pingpong" => "`pingpong` with `fabric: rdma`",
 }
 
 impl Named for Step {

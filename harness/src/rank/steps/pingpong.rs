@@ -1,53 +1,79 @@
-//! pingpong: full-mesh ping-pong with data verification at every size.
+//! pingpong: ping-pong with every byte checked and latency per size, over either fabric. Over
+//! TCP every pair of ranks meets (a full mesh, round-robin); over RDMA ranks 0 and 1 meet on
+//! an RC queue pair, by SEND, then by WRITE with immediate and by WRITE into registered
+//! regions (RDMA's own ways to move a message).
 
-use crate::model::invalid::Invalid;
-use super::support::{DATA_MISMATCHES};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use wringer_transport::rdma::rc::{RcConnection, Received, RemoteRegion};
 use wringer_transport::Connection;
 
-use super::{connect_to, pattern, seq};
-use crate::rank::context::RankContext;
-use crate::rank::protocol::StepReport;
-use serde::{Deserialize, Serialize};
-
-use super::{check_sizes, StepKind};
+use super::fabric::{Fabric, Link};
+use super::rdma_support::{counts_into, pair};
+use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_DATA_MISMATCHES, RETRY_EXC_ERR};
+use super::support::DATA_MISMATCHES;
+use super::{check_sizes, connect_to, pattern, seq, StepKind};
 use crate::model::duration::HumanDuration;
+use crate::model::invalid::Invalid;
 use crate::model::metric::{Metric, Series};
 use crate::model::scenario::StepSpec;
+use crate::rank::context::RankContext;
+use crate::rank::protocol::StepReport;
 
 crate::declare_metrics! {
     pub PAIRS_VERIFIED = "pairs_verified", Count, Neither;
+    pub RDMA_MESSAGES = "rdma_messages", Count, Neither;
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pingpong {
+    #[serde(default)]
+    pub fabric: Fabric,
     pub sizes: Vec<u32>,
     pub iterations: u32,
     pub deadline: HumanDuration,
 }
 
-/// The point its ranks report, where a scenario's fault may strike.
+/// The point its ranks report once the TCP mesh stands, where a scenario's fault may strike.
 const MESH_READY: &str = "mesh-ready";
 
 impl super::Describe for Pingpong {
-    const ABOUT: &'static str = "full-mesh ping-pong, every byte checked, latency per size";
+    const ABOUT: &'static str = "ping-pong, every byte checked, latency per size: a TCP full mesh, or RDMA SEND, WRITE with immediate and registered-region WRITE";
 }
 
 impl StepSpec for Pingpong {
     fn points(&self) -> Vec<String> {
-        vec![MESH_READY.into()]
+        match self.fabric {
+            Fabric::Tcp => vec![MESH_READY.into()],
+            Fabric::Rdma => vec![],
+        }
     }
 
     fn metrics(&self) -> &'static [Metric] {
-        &[PAIRS_VERIFIED, DATA_MISMATCHES]
+        match self.fabric {
+            Fabric::Tcp => &[PAIRS_VERIFIED, DATA_MISMATCHES],
+            Fabric::Rdma => &[
+                RDMA_MESSAGES,
+                RDMA_DATA_MISMATCHES,
+                RDMA_COMPLETION_ERRORS,
+                RETRY_EXC_ERR,
+            ],
+        }
     }
 
     fn series(&self) -> &'static [Series] {
-        &[Series::Latency]
+        match self.fabric {
+            Fabric::Tcp => &[Series::Latency],
+            Fabric::Rdma => &[
+                Series::Latency,
+                Series::WriteLatency,
+                Series::RegionWriteLatency,
+            ],
+        }
     }
 
     fn deadline(&self) -> Duration {
@@ -61,64 +87,76 @@ impl StepSpec for Pingpong {
 
 impl StepKind for Pingpong {
     fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
-        run(
-            ctx,
-            step,
-            &self.sizes,
-            self.iterations,
-            self.deadline.0,
-            report,
-        )
+        match self.fabric {
+            Fabric::Tcp => tcp_mesh(ctx, step, self, report),
+            Fabric::Rdma => rdma_pair(ctx, step, self, report),
+        }
     }
 }
 
-pub fn run(
-    ctx: &RankContext,
-    step: usize,
-    sizes: &[u32],
-    iterations: u32,
-    deadline: Duration,
-    report: &mut StepReport,
-) -> Result<()> {
-    let conns = mesh(ctx, step, deadline)?;
+/// What one pair's ping-pong saw: latency samples (µs, one way) by size, on the pinger's
+/// side, and the messages that came back other than sent.
+#[derive(Default)]
+struct Exchanged {
+    samples: BTreeMap<u32, Vec<f64>>,
+    messages: u32,
+    mismatches: u32,
+}
+
+/// Ping-pong every size `iterations` times over one link; the pinger times each round trip,
+/// the other side echoes what it got. `tag` names each message's pattern.
+fn ping_pong(
+    link: &mut dyn Link,
+    pinger: bool,
+    p: &Pingpong,
+    seed: u64,
+    tag: impl Fn(u32, u32) -> u64,
+) -> Result<Exchanged> {
+    let deadline = p.deadline.0;
+    let mut out = Exchanged::default();
+    for &size in &p.sizes {
+        for it in 0..p.iterations {
+            let expected = pattern(seed, tag(size, it), size as usize);
+            if pinger {
+                let started = Instant::now();
+                link.send(&expected, deadline)?;
+                let back = link.recv(deadline)?;
+                out.samples
+                    .entry(size)
+                    .or_default()
+                    .push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                out.mismatches += (back != expected) as u32;
+            } else {
+                let got = link.recv(deadline)?;
+                out.mismatches += (got != expected) as u32;
+                link.send(&got, deadline)?;
+            }
+            out.messages += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Over TCP: every pair of ranks meets, in round-robin rounds.
+fn tcp_mesh(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepReport) -> Result<()> {
+    let deadline = p.deadline.0;
+    let mut conns = mesh(ctx, step, deadline)?;
     // Faults that shape the data phase (a rate limit) strike here, before any data moves.
     ctx.control.point_and_wait(step, MESH_READY, deadline)?;
     let mut samples: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
     let (mut pairs_verified, mut mismatches) = (0u32, 0u32);
     for partner in schedule(ctx.rank, ctx.ranks) {
         let Some(partner) = partner else { continue };
-        let conn = &conns[&partner];
-        let pinger = ctx.rank < partner;
-        let mut pair_mismatches = 0;
-        for &size in sizes {
-            for it in 0..iterations {
-                let tag = (ctx.rank.min(partner) as u64) << 48
-                    | (partner.max(ctx.rank) as u64) << 32
-                    | (size as u64) << 8
-                    | it as u64;
-                let expected = pattern(ctx.seed, tag, size as usize);
-                if pinger {
-                    let started = Instant::now();
-                    conn.send(&expected, deadline)?;
-                    let back = conn.recv(deadline)?;
-                    samples
-                        .entry(size)
-                        .or_default()
-                        .push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
-                    pair_mismatches += (back.payload != expected) as u32;
-                    conn.recycle(back.payload);
-                } else {
-                    let got = conn.recv(deadline)?;
-                    pair_mismatches += (got.payload != expected) as u32;
-                    conn.send(&got.payload, deadline)?;
-                    conn.recycle(got.payload);
-                }
-            }
+        let conn = conns.get_mut(&partner).context("no connection to a partner")?;
+        let (low, high) = (ctx.rank.min(partner) as u64, ctx.rank.max(partner) as u64);
+        let seen = ping_pong(conn, ctx.rank < partner, p, ctx.seed, |size, it| {
+            low << 48 | high << 32 | (size as u64) << 8 | it as u64
+        })?;
+        for (size, v) in seen.samples {
+            samples.entry(size).or_default().extend(v);
         }
-        mismatches += pair_mismatches;
-        if pair_mismatches == 0 {
-            pairs_verified += 1;
-        }
+        mismatches += seen.mismatches;
+        pairs_verified += (seen.mismatches == 0) as u32;
     }
     for c in conns.values() {
         c.close()?;
@@ -133,6 +171,127 @@ pub fn run(
         report.sample(Series::Latency, size as u64, v);
     }
     Ok(())
+}
+
+/// Over RDMA: ranks 0 and 1 on one RC queue pair, by SEND (rank 1 pings), then by WRITE with
+/// immediate, then by WRITE into registered regions.
+fn rdma_pair(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepReport) -> Result<()> {
+    if !ctx.in_pair() {
+        return Ok(());
+    }
+    let deadline = p.deadline.0;
+    let max = p.sizes.iter().copied().max().unwrap_or(64);
+    let mut c = pair(ctx, step, max, deadline)?;
+    let sent = ping_pong(&mut c, ctx.rank == 1, p, ctx.seed, |size, it| {
+        (size as u64) << 20 | it as u64
+    })?;
+    for (size, v) in sent.samples {
+        report.sample(Series::Latency, size as u64, v);
+    }
+    let (mut messages, mut mismatches) = (sent.messages, sent.mismatches);
+    let (m, bad) = write_pingpong(ctx, &mut c, p, report)?;
+    messages += m;
+    mismatches += bad;
+    let (m, bad) = region_pingpong(ctx, &mut c, &p.sizes, p.iterations, deadline, report)?;
+    messages += m;
+    mismatches += bad;
+    report.metrics.insert(RDMA_MESSAGES, messages as f64);
+    report
+        .metrics
+        .insert(RDMA_DATA_MISMATCHES, mismatches as f64);
+    counts_into(&c, report);
+    ctx.pair_barrier(step, "done", deadline)?;
+    Ok(())
+}
+
+/// Ping-pong by RDMA WRITE with immediate into the peer's advertised buffer.
+fn write_pingpong(
+    ctx: &RankContext,
+    c: &mut RcConnection,
+    p: &Pingpong,
+    report: &mut StepReport,
+) -> Result<(u32, u32)> {
+    let deadline = p.deadline.0;
+    let (mut messages, mut mismatches) = (0, 0);
+    for &size in &p.sizes {
+        let mut samples = vec![];
+        for it in 0..p.iterations {
+            let expected = pattern(ctx.seed, (size as u64) << 20 | it as u64 | 1 << 60, size as usize);
+            let written = |got: &Received| {
+                matches!(got, Received::Written { imm, data } if *imm == it && *data == expected)
+            };
+            if ctx.rank == 1 {
+                let started = Instant::now();
+                c.write_imm(&expected, it, deadline)?;
+                let back = c.recv(deadline)?;
+                samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                mismatches += !written(&back) as u32;
+            } else {
+                let got = c.recv(deadline)?;
+                mismatches += !written(&got) as u32;
+                c.write_imm(&expected, it, deadline)?;
+            }
+            messages += 1;
+        }
+        if !samples.is_empty() {
+            report.sample(Series::WriteLatency, size as u64, samples);
+        }
+    }
+    Ok((messages, mismatches))
+}
+
+/// Ping-pong by RDMA WRITE between memory the step owns and registered itself (the path GPU
+/// buffers take when staged): the receiver finds the bytes in its own region, nothing copied.
+fn region_pingpong(
+    ctx: &RankContext,
+    c: &mut RcConnection,
+    sizes: &[u32],
+    iterations: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<(u32, u32)> {
+    let max = sizes.iter().copied().max().unwrap_or(64) as usize;
+    // Each side writes from its first half into the peer's second half; every message has its
+    // own pattern, so stale bytes from an earlier one never pass for a new one.
+    let mut memory = vec![0u8; 2 * max].into_boxed_slice();
+    // SAFETY: `memory` is a boxed slice that neither moves nor is freed before `region`, which
+    // is dropped at the end of this function, before `memory`.
+    let region = unsafe { c.register_host(memory.as_mut_ptr(), 2 * max) }?;
+    c.send(&region.remote().to_bytes(), deadline)?;
+    let peer = match c.recv(deadline)? {
+        Received::Message(m) => RemoteRegion::from_bytes(&m).context("region advert")?,
+        other => bail!("expected the peer's region advert, got {other:?}"),
+    };
+    let (mut messages, mut mismatches) = (0, 0);
+    for &size in sizes {
+        let size = size as usize;
+        let mut samples = vec![];
+        for it in 0..iterations {
+            let expected = pattern(ctx.seed, (size as u64) << 20 | it as u64 | 3 << 60, size);
+            let started = Instant::now();
+            if ctx.rank == 1 {
+                memory[..size].copy_from_slice(&expected);
+                c.write_region_imm(&region, 0, size, &peer, max as u64, it, deadline)?;
+            }
+            let got = c.recv(deadline)?;
+            // The bytes landed before the WRITE_WITH_IMM's receive completed.
+            let ok = got == Received::WrittenToRegion { imm: it, len: size }
+                && memory[max..max + size] == expected[..];
+            mismatches += !ok as u32;
+            if ctx.rank == 1 {
+                samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+            } else {
+                // Echo the bytes from where they landed.
+                c.write_region_imm(&region, max, size, &peer, max as u64, it, deadline)?;
+            }
+            messages += 1;
+        }
+        if !samples.is_empty() {
+            report.sample(Series::RegionWriteLatency, size as u64, samples);
+        }
+    }
+    drop(region);
+    Ok((messages, mismatches))
 }
 
 /// Connect to every other rank: initiate towards higher ranks, wait for lower ones.
@@ -184,6 +343,24 @@ fn schedule(rank: u32, ranks: u32) -> Vec<Option<u32>> {
 #[cfg(test)]
 mod tests {
     use super::schedule;
+    use crate::model::metric::Series;
+    use crate::model::scenario::StepSpec;
+    use crate::rank::steps::testing::{accepted, refused};
+
+    #[test]
+    fn the_fabric_decides_what_is_recorded() {
+        let tcp = accepted("pingpong: { sizes: [64, 4096], iterations: 20, deadline: 90s }", 8);
+        assert_eq!(tcp.series(), &[Series::Latency]);
+        assert_eq!(tcp.points(), vec!["mesh-ready".to_string()]);
+        let rdma = accepted(
+            "pingpong: { fabric: rdma, sizes: [64, 4096, 65536], iterations: 20, deadline: 90s }",
+            2,
+        );
+        assert_eq!(rdma.series().len(), 3, "SEND, WRITE with immediate, region WRITE");
+        assert!(rdma.metrics().iter().any(|m| m.as_str() == "rdma_messages"));
+        assert!(refused("pingpong: { sizes: [64], iterations: 0, deadline: 90s }", 2).contains("iterations"));
+        assert!(refused("pingpong: { fabric: ib, sizes: [64], iterations: 1, deadline: 9s }", 2).contains("fabric"));
+    }
 
     #[test]
     fn every_pair_meets_exactly_once_and_symmetrically() {
