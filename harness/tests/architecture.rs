@@ -5,7 +5,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 // `cli` is the binary's own (one module per subcommand), above every layer of the library.
-const LAYERS: [&str; 6] = ["model", "hosts", "rank", "orchestration", "outputs", "cli"];
+const LAYERS: [&str; 7] = [
+    "model",
+    "hosts",
+    "rank",
+    "orchestration",
+    "outputs",
+    "bench",
+    "cli",
+];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use wringer::outputs::bench;
+use wringer::bench;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -1,6 +1,7 @@
 //! Layer 1, the model: what a scenario says and what a run records. Types and checks only: no
 //! processes, sockets or files beyond reading the scenario itself.
 
+pub mod bench;
 pub mod duration;
 pub mod failure;
 pub mod input;

@@ -1,7 +1,6 @@
 //! Layer 5, outputs: the reporters fed by the runner's events (progress, JSONL, JSON, JUnit,
-//! Markdown), the HTML site, and the bench.
+//! Markdown) and the HTML site.
 
-pub mod bench;
 pub mod matrix;
 pub mod progress;
 pub mod report;

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::model::bench::BenchReport;
 use crate::model::input::{read_bytes, FileKind};
 use crate::model::metric::{Better, SampleKey, Series as MetricSeries, Unit};
 use crate::model::result::{ScenarioResult, Verdict};
-use crate::outputs::bench::BenchReport;
 
 pub struct ReportOptions {
     pub runs: Vec<PathBuf>,

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::method::{Method, Sample};
 use super::{ours, versus, Goal, Row};
+use super::{Method, Sample};
 use crate::hosts::placement::{self, Placement};
 
 /// 64 ranks through srun, started and joined, within this (the goal on this machine).

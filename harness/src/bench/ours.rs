@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use wringer_transport::{Connection, ConnectionOptions};
 
-use super::method::{pin_this_thread, CpuPinning, Sample};
+use super::method::pin_this_thread;
+use super::{CpuPinning, Sample};
 use crate::model::duration::HumanDuration;
 use crate::orchestration::coordinator::{self, Plan};
 use crate::rank::steps::stall::Stall;

@@ -5,7 +5,8 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use super::method::{on_cpus, CpuPinning, Sample};
+use super::method::on_cpus;
+use super::{CpuPinning, Sample};
 use crate::hosts::child::{run_bounded, spawn, Reaped};
 
 /// sockperf refuses messages of 1 MiB or more; its largest is compared with our 1 MiB.

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
 
-pub use method::{CpuPinning, Method, Round, Sample, UNSTABLE_SPREAD};
+pub use crate::model::bench::{BenchReport, CpuPinning, Round, Row, Sample};
+pub use method::{Method, UNSTABLE_SPREAD};
 
 pub struct BenchOptions {
     /// Seconds each side runs per latency round (sockperf's smallest run is one second).
@@ -31,54 +31,6 @@ pub struct BenchOptions {
     /// Only the launcher rows: a Slurm profile against an SSH profile over the same number of
     /// hosts (`just bench-launch`).
     pub launch: Option<(PathBuf, PathBuf)>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Row {
-    pub measure: String,
-    pub unit: String,
-    /// Our median over the kept rounds (or our single figure, for rows without a reference).
-    pub ours: Option<f64>,
-    pub reference: Option<f64>,
-    pub tool: Option<String>,
-    /// The median of the per-round ratios ours / reference.
-    pub ratio: Option<f64>,
-    /// Interquartile range of the per-round ratios over their median.
-    #[serde(default)]
-    pub spread: Option<f64>,
-    /// The spread is wider than [`UNSTABLE_SPREAD`]: this row's ratio is not to be trusted.
-    #[serde(default)]
-    pub unstable: bool,
-    /// Median p99 of each side, for latency rows.
-    #[serde(default)]
-    pub ours_p99: Option<f64>,
-    #[serde(default)]
-    pub reference_p99: Option<f64>,
-    /// Every kept round, raw.
-    #[serde(default)]
-    pub rounds: Vec<Round>,
-    pub goal: Option<String>,
-    pub met: Option<bool>,
-    /// Why this row has no numbers.
-    pub skipped: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct BenchReport {
-    /// Seconds each side runs per latency round.
-    #[serde(alias = "seconds_per_measure")]
-    pub seconds_per_round: u64,
-    /// Rounds kept per compared measure, and warm-up rounds discarded before them.
-    #[serde(default)]
-    pub rounds: usize,
-    #[serde(default)]
-    pub warmup_rounds: usize,
-    /// CPUs of the server and client ends, both sides alike (`None`: not pinned).
-    #[serde(default)]
-    pub placement: Option<CpuPinning>,
-    #[serde(default)]
-    pub quick: bool,
-    pub rows: Vec<Row>,
 }
 
 #[derive(Clone, Copy)]

@@ -3,7 +3,7 @@
 //! sides alike; warm-up rounds are discarded; the figure is the median of the per-round ratios,
 //! with its spread. Both sides get the same CPU placement.
 
-use serde::{Deserialize, Serialize};
+use crate::model::bench::{CpuPinning, Round, Sample};
 
 /// Rounds kept per measure, and rounds run first and discarded.
 #[derive(Clone, Copy, Debug)]
@@ -27,25 +27,6 @@ impl Method {
 /// A row whose per-round ratios spread wider than this (interquartile range over the median) is
 /// marked unstable: two runs of it may disagree by more than the 15% the method promises.
 pub const UNSTABLE_SPREAD: f64 = 0.15;
-
-/// One side's figure for one round, with what it did to get it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Sample {
-    pub value: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub p99: Option<f64>,
-    /// Messages (or round trips) measured in this round.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
-}
-
-/// One kept round: both sides, and ours over theirs.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Round {
-    pub ours: Sample,
-    pub reference: Sample,
-    pub ratio: f64,
-}
 
 /// Which side failed, and why.
 #[derive(Debug)]
@@ -119,17 +100,6 @@ pub fn spread(xs: &[f64]) -> Option<f64> {
     quartiles(xs)
         .filter(|(_, m, _)| *m != 0.0)
         .map(|(q1, m, q3)| (q3 - q1) / m.abs())
-}
-
-/// Where the two ends of a measurement run: the server end on one half of this process's CPUs,
-/// the client end on the other, the same for ours and the reference. Only with four CPUs or
-/// more: an end of ours is two threads (the caller and its receiver), and one CPU per end would
-/// force every hand-off through a context switch that sockperf's single thread never pays.
-/// With fewer, or without `taskset`, neither side is pinned.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CpuPinning {
-    pub server_cpus: Vec<usize>,
-    pub client_cpus: Vec<usize>,
 }
 
 impl CpuPinning {
