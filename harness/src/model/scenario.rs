@@ -52,6 +52,11 @@ pub trait StepSpec {
     fn points(&self) -> Vec<String> {
         vec![]
     }
+    /// What its hosts must have (RDMA for a step over `fabric: rdma`): added to the
+    /// scenario's own `requires`, so a scenario that forgets one is skipped, not failed.
+    fn requires(&self) -> Vec<Requirement> {
+        vec![]
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -364,8 +369,19 @@ pub fn parse<S: StepSpec + Named + DeserializeOwned>(
     path: &Path,
     text: &str,
 ) -> Result<Loaded<S>, InputError> {
-    let scenario: Scenario<S> = super::input::parse_yaml(path, text)?;
+    let mut scenario: Scenario<S> = super::input::parse_yaml(path, text)?;
     check(path, &scenario)?;
+    let from_steps: Vec<Requirement> = scenario
+        .steps
+        .iter()
+        .flat_map(|s| s.value.requires())
+        .collect();
+    // After the scenario's own, in their order: the first unmet one names the skip.
+    for r in from_steps {
+        if !scenario.requires.contains(&r) {
+            scenario.requires.push(r);
+        }
+    }
     Ok(Loaded {
         path: path.to_owned(),
         scenario,

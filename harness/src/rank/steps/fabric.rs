@@ -10,6 +10,7 @@ use wringer_transport::Connection;
 
 use super::{connect_to, seq};
 use crate::model::invalid::Invalid;
+use crate::model::requirement::Requirement;
 use crate::rank::context::RankContext;
 
 /// Which transport carries the step's messages.
@@ -84,6 +85,14 @@ impl Fabric {
             Fabric::Tcp => Box::new(connect_to(ctx, 0, seq(step, peer as u64), deadline)?),
             Fabric::Rdma => Box::new(super::rdma_support::pair(ctx, step, max_message, deadline)?),
         }))
+    }
+
+    /// What a host must have for this fabric.
+    pub fn requires(self) -> Vec<Requirement> {
+        match self {
+            Fabric::Tcp => vec![],
+            Fabric::Rdma => vec![Requirement::Rdma],
+        }
     }
 
     /// Which ranks can be rank 0's peer: any other over TCP, rank 1 over RDMA.

@@ -32,6 +32,10 @@ impl super::Describe for GpuPingpongRdma {
 }
 
 impl StepSpec for GpuPingpongRdma {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        vec![crate::model::requirement::Requirement::Gpu, crate::model::requirement::Requirement::Rdma]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             GPU_MESSAGES,

@@ -27,6 +27,10 @@ impl super::Describe for GpuPingpongTcp {
 }
 
 impl StepSpec for GpuPingpongTcp {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        vec![crate::model::requirement::Requirement::Gpu]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             GPU_MESSAGES,

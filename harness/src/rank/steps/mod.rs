@@ -222,6 +222,9 @@ impl StepSpec for Step {
     fn points(&self) -> Vec<String> {
         self.kind().points()
     }
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        self.kind().requires()
+    }
 }
 
 impl Step {

@@ -42,6 +42,10 @@ impl super::Describe for PeerDeath {
 }
 
 impl StepSpec for PeerDeath {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        self.fabric.requires()
+    }
+
     fn points(&self) -> Vec<String> {
         vec![MID_STREAM.into()]
     }
@@ -137,5 +141,18 @@ mod tests {
         assert!(rdma.check(3).unwrap_err().contains("must be 1"));
         let huge = step("{ frames_before_fault: 4000000000, detect_timeout: 2s, deadline: 30s }");
         assert!(huge.check(2).is_err());
+    }
+
+    #[test]
+    fn a_scenario_over_rdma_requires_rdma_even_when_it_does_not_say_so() {
+        let yaml = "name: s\ndescription: d\nranks: 2\ndeadline: 60s\nfaults:\n  - { rank: 1, at: mid-stream, action: sigkill }\nsteps:\n  - peer-death: { fabric: rdma, frames_before_fault: 5, detect_timeout: 2s, deadline: 30s }\nexpect:\n  survivor_detected: { equals: 1 }\n";
+        let loaded = crate::rank::steps::parse(std::path::Path::new("s.yaml"), yaml).unwrap();
+        assert_eq!(
+            loaded.scenario.requires,
+            vec![crate::model::requirement::Requirement::Rdma]
+        );
+        let tcp = yaml.replace("fabric: rdma, ", "");
+        let loaded = crate::rank::steps::parse(std::path::Path::new("s.yaml"), &tcp).unwrap();
+        assert!(loaded.scenario.requires.is_empty());
     }
 }

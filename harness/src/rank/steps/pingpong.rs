@@ -46,6 +46,10 @@ impl super::Describe for Pingpong {
 }
 
 impl StepSpec for Pingpong {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        self.fabric.requires()
+    }
+
     fn points(&self) -> Vec<String> {
         match self.fabric {
             Fabric::Tcp => vec![MESH_READY.into()],

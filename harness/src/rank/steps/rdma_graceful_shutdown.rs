@@ -46,6 +46,10 @@ impl super::Describe for RdmaGracefulShutdown {
 }
 
 impl StepSpec for RdmaGracefulShutdown {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        vec![crate::model::requirement::Requirement::Rdma]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             RDMA_CONNECTIONS_SERVED,

@@ -33,6 +33,10 @@ impl super::Describe for RdmaInterfaceIndex {
 }
 
 impl StepSpec for RdmaInterfaceIndex {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        vec![crate::model::requirement::Requirement::Rdma]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             RDMA_INTERFACES_SERVED,

@@ -35,6 +35,10 @@ impl super::Describe for RdmaInteropRcPingpong {
 }
 
 impl StepSpec for RdmaInteropRcPingpong {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        vec![crate::model::requirement::Requirement::Rdma]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             INTEROP_AS_CLIENT,

@@ -36,6 +36,10 @@ impl super::Describe for RdmaLosslessStream {
 }
 
 impl StepSpec for RdmaLosslessStream {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        vec![crate::model::requirement::Requirement::Rdma]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             RDMA_TX_MESSAGES,

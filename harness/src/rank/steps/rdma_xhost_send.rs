@@ -38,6 +38,10 @@ impl super::Describe for RdmaXhostSend {
 }
 
 impl StepSpec for RdmaXhostSend {
+    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
+        vec![crate::model::requirement::Requirement::Rdma]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             RDMA_TX_MESSAGES,
