@@ -147,11 +147,10 @@ impl fmt::Display for Failure {
             Failure::FaultMissed { detail } => f.write_str(detail),
             Failure::Bound {
                 metric,
-                rank,
                 value: None,
                 expected,
+                ..
             } => {
-                let _ = rank;
                 write!(
                     f,
                     "no rank reported `{metric}`: no evidence for `{metric}` {expected}"
