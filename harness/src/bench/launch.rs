@@ -29,10 +29,7 @@ pub fn rows(
     };
     let slurm = prepare(slurm_profile, "s")?;
     let ssh = prepare(ssh_profile, "r")?;
-    let hosts = |p: &Placement| match p {
-        Placement::Remote { hosts, .. } => hosts.len(),
-        Placement::Local => 1,
-    };
+    let hosts = |p: &Placement| p.hosts().len().max(1);
     let sample = |placement: &Placement, side: &str, n: u32| -> Result<Sample> {
         let dir = logs.join(format!("launch-{side}-{n}"));
         Ok(Sample {

@@ -247,7 +247,7 @@ pub fn coordinator_startup(ranks: u32, tries: usize, log_dir: &Path) -> Result<f
     let mut times = (0..tries)
         .map(|t| {
             let dir = log_dir.join(format!("startup-{ranks}-{t}"));
-            startup_once(ranks, &crate::hosts::placement::Placement::Local, &dir)
+            startup_once(ranks, &crate::hosts::placement::local(), &dir)
         })
         .collect::<Result<Vec<f64>>>()?;
     times.sort_by(|a, b| a.total_cmp(b));

@@ -50,11 +50,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         profile: &profile,
         facts: &facts,
         strict: false,
-        host_control: profile.kind == hosts::ProfileKind::Containers
-            || profile
-                .slurm
-                .as_ref()
-                .is_some_and(|s| s.test_cluster.is_some()),
+        host_control: profile.host_control(),
         no_audit: false,
     };
     for l in super::scenarios::load_all(&paths)? {

@@ -1,8 +1,9 @@
-//! Layer 2, hosts: host profiles and what the hosts can do. The probe, placement (where ranks
-//! go), SSH, container hosts, soft-RoCE VMs, and the process-level tools (/proc, bounded
+//! Layer 2, hosts: host profiles and what the hosts can do. One trait over every kind of host
+//! (backend), the probe, placement (a profile's hosts brought up as a backend), SSH, container hosts, soft-RoCE VMs, and the process-level tools (/proc, bounded
 //! children, stacks), where exec programs are found (programs), the installed releases of torch (releases), one way to run a command on
 //! any host (shell), Slurm as a launcher (slurm), and the checks on profile values (values).
 
+pub mod backend;
 pub mod child;
 pub mod containers;
 pub mod placement;

@@ -1,19 +1,25 @@
-//! From a host profile to a ready [`Placement`]: container hosts started, every host reached
-//! over SSH, this build of wringer deployed and version-checked on each.
+//! From a host profile to a ready [`Backend`]: container hosts started, every host reached
+//! over SSH, this build of wringer deployed and version-checked on each, VMs booted, a Slurm
+//! allocation obtained.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::hosts::backend::{Backend, Launch, LocalHost, Rendezvous, SshHosts};
 use crate::hosts::containers::{self, ContainerHosts};
-use crate::hosts::profile::{HostProfile, ProfileKind};
+use crate::hosts::profile::{BackendSpec, HostProfile};
+use crate::hosts::slurm::profile::SlurmSpec;
+use serde_saphyr::Spanned;
 use crate::hosts::shell::{HostShell, Via};
 use crate::hosts::slurm::cluster::TestCluster;
 use crate::hosts::slurm::{BindRule, Slurm};
 use crate::hosts::ssh::{deploy, deploy_shipped, SshTarget};
+use crate::hosts::vm::{self, VmHosts};
+use crate::model::scenario::FaultAction;
 
 /// A host that ranks run on (over SSH, or a Slurm node), with this build of wringer on it.
 #[derive(Clone, Debug)]
@@ -24,96 +30,185 @@ pub struct RemoteHost {
     pub data_addr: String,
 }
 
-/// Where a run's ranks go.
-#[derive(Clone)]
-pub enum Placement {
-    Local,
-    Remote {
-        hosts: Vec<RemoteHost>,
-        /// This machine's address as the hosts see it; the rendezvous listens there.
-        rendezvous: std::net::IpAddr,
-        /// Ranks as one Slurm step per repeat, in this allocation (dropped before the test
-        /// cluster it may live on).
-        slurm: Option<Arc<Slurm>>,
-        /// The Slurm test cluster, whose daemons a healed container needs started again.
-        cluster: Option<Arc<TestCluster>>,
-        /// Host-level fault control, when the hosts are our containers.
-        containers: Option<Arc<ContainerHosts>>,
-    },
+/// Where a run's ranks go: a prepared backend, shared by the attempts of the run.
+pub type Placement = Arc<dyn Backend>;
+
+/// Ranks as local processes.
+pub fn local() -> Placement {
+    Arc::new(LocalHost)
 }
 
-impl Placement {
-    pub fn rendezvous_ip(&self) -> std::net::IpAddr {
-        match self {
-            Placement::Local => std::net::IpAddr::from([127, 0, 0, 1]),
-            Placement::Remote { rendezvous, .. } => *rendezvous,
+/// Container hosts on private networks, reached over SSH, which take host-level faults.
+struct ContainerBackend {
+    hosts: Vec<RemoteHost>,
+    containers: ContainerHosts,
+}
+
+impl Backend for ContainerBackend {
+    fn kind(&self) -> &'static str {
+        "containers"
+    }
+
+    fn hosts(&self) -> &[RemoteHost] {
+        &self.hosts
+    }
+
+    fn rendezvous(&self) -> Rendezvous {
+        Rendezvous::at(self.containers.gateway)
+    }
+
+    fn launch(&self) -> Launch<'_> {
+        Launch::PerRank
+    }
+
+    fn can_strike(&self) -> bool {
+        true
+    }
+
+    fn strike(&self, action: FaultAction, host: usize) -> Result<()> {
+        strike_container(&self.containers, action, host)
+    }
+
+    fn heal(&self) -> Result<()> {
+        self.containers.heal()
+    }
+}
+
+fn strike_container(c: &ContainerHosts, action: FaultAction, host: usize) -> Result<()> {
+    match action {
+        FaultAction::HostKill => c.kill(host),
+        FaultAction::HostFreeze => c.freeze(host),
+        FaultAction::LinkCut => c.cut_link(host),
+        FaultAction::RateLimit => c.rate_limit(host, "10mbit"),
+        FaultAction::Sigkill | FaultAction::Sigstop => {
+            anyhow::bail!("{action:?} is a signal to a rank, not a host fault")
+        }
+    }
+}
+
+/// Ranks as one Slurm step per attempt, in an allocation; on a test cluster of containers, the
+/// nodes take host-level faults.
+struct SlurmBackend {
+    hosts: Vec<RemoteHost>,
+    rendezvous: IpAddr,
+    /// Dropped before the test cluster it may live on (fields drop in order).
+    slurm: Arc<Slurm>,
+    cluster: Option<TestCluster>,
+}
+
+impl Backend for SlurmBackend {
+    fn kind(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn hosts(&self) -> &[RemoteHost] {
+        &self.hosts
+    }
+
+    fn host_of(&self, rank: u32) -> usize {
+        self.slurm.layout.node_of(rank, self.hosts.len())
+    }
+
+    fn rendezvous(&self) -> Rendezvous {
+        Rendezvous::at(self.rendezvous)
+    }
+
+    fn launch(&self) -> Launch<'_> {
+        Launch::Step(&self.slurm)
+    }
+
+    fn can_strike(&self) -> bool {
+        self.cluster.is_some()
+    }
+
+    fn strike(&self, action: FaultAction, host: usize) -> Result<()> {
+        let c = self
+            .cluster
+            .as_ref()
+            .context("host-level faults on Slurm need the test cluster (`slurm.test_cluster`)")?;
+        strike_container(&c.hosts, action, host)
+    }
+
+    fn heal(&self) -> Result<()> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(());
+        };
+        cluster.hosts.heal()?;
+        // A step that ran on a node killed under it never completes while its job lives: the
+        // allocation goes (the next attempt obtains a new one).
+        if !cluster.recover()?.is_empty() {
+            self.slurm.release();
+        }
+        Ok(())
+    }
+}
+
+impl Backend for VmHosts {
+    fn kind(&self) -> &'static str {
+        "rxe-vm"
+    }
+
+    fn hosts(&self) -> &[RemoteHost] {
+        &self.hosts
+    }
+
+    fn rendezvous(&self) -> Rendezvous {
+        Rendezvous {
+            bind: IpAddr::from([127, 0, 0, 1]),
+            advertise: vm::HOST_FROM_GUEST,
         }
     }
 
-    /// The host index rank `rank` runs on (ranks go round-robin over the hosts, or as the
-    /// Slurm profile lays them out).
-    pub fn host_of(&self, rank: u32) -> usize {
-        match self {
-            Placement::Local => 0,
-            Placement::Remote {
-                slurm: Some(s),
-                hosts,
-                ..
-            } => s.layout.node_of(rank, hosts.len()),
-            Placement::Remote { hosts, .. } => rank as usize % hosts.len(),
-        }
-    }
-
-    pub fn slurm(&self) -> Option<&Arc<Slurm>> {
-        match self {
-            Placement::Remote { slurm, .. } => slurm.as_ref(),
-            Placement::Local => None,
-        }
-    }
-
-    pub fn test_cluster(&self) -> Option<&TestCluster> {
-        match self {
-            Placement::Remote {
-                cluster: Some(c), ..
-            } => Some(c),
-            _ => None,
-        }
-    }
-
-    pub fn containers(&self) -> Option<&ContainerHosts> {
-        match self {
-            Placement::Remote {
-                containers: Some(c),
-                ..
-            } => Some(c),
-            _ => None,
-        }
+    fn launch(&self) -> Launch<'_> {
+        Launch::PerRank
     }
 }
 
 const REMOTE_DIR: &str = "~/.cache/wringer";
 
-pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
-    prepare_sharing(profile, run_id, &[])
+/// What bringing hosts up may need besides the profile.
+#[derive(Default)]
+pub struct Prepare<'a> {
+    pub run_id: &'a str,
+    /// Folders of this machine that container hosts must see at the same path (read-only):
+    /// the releases the run's scenarios use. Other kinds of host have their own.
+    pub shares: &'a [PathBuf],
+    /// Where a VM's consoles go (the run's report folder).
+    pub dir: Option<&'a Path>,
 }
 
-/// [`prepare`], with folders of this machine that container hosts must see at the same path
-/// (read-only): the releases the run's scenarios use. Other kinds of host have their own.
-pub fn prepare_sharing(
-    profile: &HostProfile,
-    run_id: &str,
-    shares: &[PathBuf],
-) -> Result<Placement> {
-    match profile.kind {
-        // An rxe-vm run happens inside its VM (see `vm`), where ranks are local.
-        ProfileKind::Local | ProfileKind::RxeVm | ProfileKind::RxeVmPair => Ok(Placement::Local),
-        ProfileKind::Containers => {
-            let spec = profile
-                .containers
-                .as_ref()
-                .context("a containers profile needs `containers:`")?;
+pub fn prepare(profile: &HostProfile, run_id: &str) -> Result<Placement> {
+    prepare_with(
+        profile,
+        &Prepare {
+            run_id,
+            ..Prepare::default()
+        },
+    )
+}
+
+pub fn prepare_with(profile: &HostProfile, cx: &Prepare) -> Result<Placement> {
+    let run_id = cx.run_id;
+    match &profile.backend {
+        BackendSpec::Local => Ok(local()),
+        BackendSpec::RxeVm(_) | BackendSpec::RxeVmPair(_) => {
+            if let Some(why) = vm::unavailable(profile) {
+                anyhow::bail!("{why}");
+            }
+            let count = if matches!(profile.backend, BackendSpec::RxeVmPair(_)) {
+                2
+            } else {
+                1
+            };
+            let folder = cx
+                .dir
+                .map(|d| d.join("vm"))
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("wringer-vm-{run_id}")));
+            Ok(Arc::new(vm::boot(profile, count, &folder)?))
+        }
+        BackendSpec::Containers(spec) => {
             containers::sweep_leftovers();
-            let c = ContainerHosts::start(spec.count, &spec.image, run_id, shares)?;
+            let c = ContainerHosts::start(spec.count, &spec.image, run_id, cx.shares)?;
             c.wait_ssh(Duration::from_secs(60))?;
             let mut hosts = vec![];
             for (i, h) in c.hosts.iter().enumerate() {
@@ -128,21 +223,19 @@ pub fn prepare_sharing(
                     data_addr: h.data_ip.to_string(),
                 });
             }
-            let rendezvous = c.gateway;
-            Ok(Placement::Remote {
+            Ok(Arc::new(ContainerBackend {
                 hosts,
-                rendezvous,
-                slurm: None,
-                cluster: None,
-                containers: Some(Arc::new(c)),
-            })
+                containers: c,
+            }))
         }
-        ProfileKind::Slurm => prepare_slurm(profile, run_id),
-        ProfileKind::Ssh => {
-            let addr = profile
-                .coordinator_addr
-                .as_ref()
-                .context("an ssh profile needs coordinator_addr")?;
+        BackendSpec::Slurm {
+            slurm,
+            coordinator_addr,
+        } => prepare_slurm(profile, slurm, coordinator_addr.as_ref(), run_id),
+        BackendSpec::Ssh {
+            hosts: inventory,
+            coordinator_addr: addr,
+        } => {
             let rendezvous: IpAddr = addr.value.parse().with_context(|| {
                 format!(
                     "{}: coordinator_addr `{}` must be an IP address of this machine",
@@ -151,7 +244,7 @@ pub fn prepare_sharing(
                 )
             })?;
             let mut hosts = vec![];
-            for h in &profile.hosts {
+            for h in inventory {
                 let h = &h.value;
                 let target = SshTarget {
                     name: h.name.value.clone(),
@@ -180,24 +273,19 @@ pub fn prepare_sharing(
                     data_addr: h.data_addr.value.clone(),
                 });
             }
-            Ok(Placement::Remote {
-                hosts,
-                rendezvous,
-                slurm: None,
-                cluster: None,
-                containers: None,
-            })
+            Ok(Arc::new(SshHosts { hosts, rendezvous }))
         }
     }
 }
 
 /// A Slurm profile: the test cluster started when asked for, the allocation obtained (or the
 /// caller's used), this build of wringer where the nodes can run it.
-fn prepare_slurm(profile: &HostProfile, run_id: &str) -> Result<Placement> {
-    let spec = profile
-        .slurm
-        .as_ref()
-        .context("a slurm profile needs `slurm:`")?;
+fn prepare_slurm(
+    profile: &HostProfile,
+    spec: &SlurmSpec,
+    coordinator_addr: Option<&Spanned<String>>,
+    run_id: &str,
+) -> Result<Placement> {
     let partition = spec
         .partition
         .as_ref()
@@ -207,12 +295,10 @@ fn prepare_slurm(profile: &HostProfile, run_id: &str) -> Result<Placement> {
             containers::sweep_leftovers();
             let c = TestCluster::start(spec.node_count() as u32, &t.image, partition, run_id)?;
             let (env, gateway) = (c.env.clone(), c.hosts.gateway);
-            (Some(Arc::new(c)), env, gateway)
+            (Some(c), env, gateway)
         }
         None => {
-            let addr = profile
-                .coordinator_addr
-                .as_ref()
+            let addr = coordinator_addr
                 .context("a slurm profile needs coordinator_addr: this machine's address that the nodes can reach (the rendezvous listens there)")?;
             let ip: IpAddr = addr.value.parse().with_context(|| {
                 format!(
@@ -258,14 +344,12 @@ fn prepare_slurm(profile: &HostProfile, run_id: &str) -> Result<Placement> {
             },
         })
         .collect();
-    let containers = cluster.as_ref().map(|c| Arc::clone(&c.hosts));
-    Ok(Placement::Remote {
+    Ok(Arc::new(SlurmBackend {
         hosts,
         rendezvous,
-        slurm: Some(slurm),
+        slurm,
         cluster,
-        containers,
-    })
+    }))
 }
 
 fn shellexpand_home(p: &str) -> String {
@@ -275,19 +359,21 @@ fn shellexpand_home(p: &str) -> String {
     }
 }
 
-/// What each host of a placement has: probed where it runs (`wringer probe --json` over SSH).
+/// What each host of a placement has: probed where it runs (`wringer probe --json` over its
+/// shell), or here when ranks are local.
 pub fn facts(placement: &Placement) -> Result<Vec<crate::hosts::probe::HostFacts>> {
-    match placement {
-        Placement::Local => Ok(vec![crate::hosts::probe::local()]),
-        Placement::Remote { hosts, .. } => hosts
-            .iter()
-            .map(|h| {
-                let json = h
-                    .target
-                    .check(&[&h.exe, "probe", "--json"], Duration::from_secs(30))?;
-                serde_json::from_str(&json)
-                    .with_context(|| format!("{}: unreadable probe output", h.target.name))
-            })
-            .collect(),
+    if placement.hosts().is_empty() {
+        return Ok(vec![crate::hosts::probe::local()]);
     }
+    placement
+        .hosts()
+        .iter()
+        .map(|h| {
+            let json = h
+                .target
+                .check(&[&h.exe, "probe", "--json"], Duration::from_secs(30))?;
+            serde_json::from_str(&json)
+                .with_context(|| format!("{}: unreadable probe output", h.target.name))
+        })
+        .collect()
 }

@@ -1,192 +1,268 @@
 //! Soft-RoCE VMs (virtme-ng under TCG, this machine's filesystem read-only inside) for machines
-//! whose kernel has no RDMA. The run happens inside a VM: the same wringer binary runs the
-//! selected scenarios there and writes its report into a folder the VM may write; its results
-//! are then recorded here.
+//! whose kernel has no RDMA. A VM boots, runs sshd, and from then on is a host like any other:
+//! ranks start over SSH, and the coordinator stays here.
 //!
-//! - `rxe-vm`: one VM with `rxe_devices` soft-RoCE devices, each on its own veth; ranks are
-//!   local processes inside it.
+//! - `rxe-vm`: one VM with `rxe_devices` soft-RoCE devices, each on its own veth; its ranks
+//!   talk over its loopback.
 //! - `rxe-vm-pair`: two VMs joined by a qemu socket link bound to 127.0.0.1 (10.0.0.1 and
-//!   10.0.0.2, one rxe device each). Both run sshd with a key made for the run; the first runs
-//!   the coordinator, which reaches both hosts over SSH: the same path as a real pair.
+//!   10.0.0.2, one rxe device each): a real two-host RoCE link on one machine.
+//!
+//! Each VM also has a control NIC on qemu's user network: this machine reaches its sshd through
+//! a port forwarded on 127.0.0.1, and its ranks reach the rendezvous at 10.0.2.2, which is this
+//! machine's 127.0.0.1. The guest gets no default route, so nothing inside can reach any other
+//! address through that NIC.
 
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::hosts::profile::{HostProfile, ProfileKind, VmSpec};
-use crate::hosts::ssh::quote;
-use crate::model::result::ScenarioResult;
+use anyhow::{bail, Context, Result};
 
-/// Time to boot and set up under TCG, on top of the scenarios' own deadlines.
+use crate::hosts::placement::RemoteHost;
+use crate::hosts::profile::{HostProfile, VmSpec};
+use crate::hosts::shell::HostShell;
+use crate::hosts::ssh::{quote, SshTarget};
+
+/// Time to boot and set up under TCG until sshd answers.
 const BOOT_ALLOWANCE: Duration = Duration::from_secs(300);
 
-/// What the run inside the VM is asked to do.
-pub struct VmRun<'a> {
-    pub files: &'a [PathBuf],
-    pub repeat: Option<u32>,
-    pub strict: bool,
-    pub no_audit: bool,
-    pub seed: u64,
-    /// The outer run's report folder; the VM writes under `vm/` there.
-    pub dir: &'a Path,
-    /// Every scenario's deadline times its repeats; boot time is added here.
-    pub budget: Duration,
-}
+/// This machine's 127.0.0.1 as a guest sees it (qemu's user network).
+pub const HOST_FROM_GUEST: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 2, 2));
 
-/// What came back from the VM.
-pub struct VmOutcome {
-    /// The results the inner run reported (possibly fewer than asked for).
-    pub results: Vec<ScenarioResult>,
-    /// Why the VM ended early, when it did.
-    pub ended: Option<&'static str>,
-    /// Where the consoles and the inner report are.
-    pub inner: PathBuf,
-}
-
-/// Why the VM run did not happen.
-#[derive(Debug, PartialEq)]
-pub enum VmError {
-    /// The VM cannot run on this machine (nothing installed): a `no-vm` skip, or a failure
-    /// where the profile must have RDMA.
-    Unavailable(String),
-    /// It should have run and did not (a file not written, a program that failed): a harness
-    /// error, never a skip.
-    Failed(String),
-}
-
-impl From<anyhow::Error> for VmError {
-    fn from(why: anyhow::Error) -> Self {
-        VmError::Failed(format!("{why:#}"))
-    }
-}
-
-/// Boot the profile's VM(s) and run the scenarios there.
-pub fn run(
-    profile: &HostProfile,
-    req: &VmRun,
-    interrupted: &AtomicBool,
-) -> Result<VmOutcome, VmError> {
-    let budget = req.budget + BOOT_ALLOWANCE;
-    let vm = profile
-        .vm
-        .as_ref()
-        .ok_or_else(|| VmError::Failed("the profile has no `vm`".into()))?;
+/// Why the profile's VMs cannot run on this machine (nothing installed): a `no-vm` skip, or a
+/// failure where the profile must have RDMA. `None` when they can.
+pub fn unavailable(profile: &HostProfile) -> Option<String> {
+    let vm = profile.vm()?;
     if !crate::hosts::probe::on_path("vng") || !crate::hosts::probe::on_path("qemu-system-x86_64") {
-        return Err(VmError::Unavailable(
-            "virtme-ng (`vng`) or qemu is not installed: run `just setup-rxe`".into(),
-        ));
+        return Some("virtme-ng (`vng`) or qemu is not installed: run `just setup-rxe`".into());
     }
     if !vm.kernel.exists() {
-        return Err(VmError::Unavailable(format!(
+        return Some(format!(
             "the kernel {} is missing: run `just setup-rxe`",
             vm.kernel.display()
-        )));
+        ));
     }
-    let inner = std::path::absolute(req.dir)
-        .map_err(anyhow::Error::from)?
-        .join("vm");
-    std::fs::create_dir_all(&inner).map_err(anyhow::Error::from)?;
-    let ended = match profile.kind {
-        ProfileKind::RxeVmPair => run_pair(profile, vm, req, &inner, budget, interrupted)?,
-        _ => run_single(profile, vm, req, &inner, budget, interrupted)?,
-    };
-    Ok(VmOutcome {
-        results: read_results(&inner.join("report/results.json")),
-        ended,
-        inner,
-    })
+    None
 }
 
-/// The inner `wringer run` command line (the run itself, inside the first VM).
-fn wringer_run(req: &VmRun, hosts: &Path, inner: &Path) -> anyhow::Result<String> {
-    let exe = std::env::current_exe().map_err(anyhow::Error::from)?;
-    let cwd = std::env::current_dir().map_err(anyhow::Error::from)?;
-    let mut args = vec![exe.display().to_string(), "run".into()];
-    args.extend(req.files.iter().map(|f| {
-        std::path::absolute(f)
-            .unwrap_or_else(|_| f.clone())
-            .display()
-            .to_string()
-    }));
-    args.extend([
-        "--hosts".into(),
-        hosts.display().to_string(),
-        "--report-dir".into(),
-        inner.join("report").display().to_string(),
-    ]);
-    args.extend(["--seed".into(), req.seed.to_string()]);
-    if let Some(r) = req.repeat {
-        args.extend(["--repeat".into(), r.to_string()]);
+/// Booted VMs, reachable over SSH; dropping them ends every VM (its whole process group).
+pub struct VmHosts {
+    vms: Vec<Child>,
+    pub hosts: Vec<RemoteHost>,
+    /// Where the consoles are.
+    pub folder: PathBuf,
+}
+
+impl std::fmt::Debug for VmHosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmHosts")
+            .field("hosts", &self.hosts)
+            .field("folder", &self.folder)
+            .finish()
     }
-    if req.strict {
-        args.push("--strict".into());
+}
+
+impl Drop for VmHosts {
+    fn drop(&mut self) {
+        for vm in &mut self.vms {
+            kill_vm(vm);
+        }
     }
-    if req.no_audit {
-        args.push("--no-audit".into());
+}
+
+/// Boot `count` VMs (1, or 2 joined by a link) with their consoles in `folder`, and wait until
+/// each answers over SSH.
+pub fn boot(profile: &HostProfile, count: u8, folder: &Path) -> Result<VmHosts> {
+    let vm = profile.vm().context("the profile has no `vm`")?;
+    let folder = std::path::absolute(folder)?;
+    std::fs::create_dir_all(&folder)?;
+    let key = folder.join("key");
+    let _ = std::fs::remove_file(&key);
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .output()
+        .context("ssh-keygen")?;
+    if !out.status.success() {
+        bail!(
+            "ssh-keygen failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let words: Vec<String> = args.iter().map(|a| quote(a)).collect();
-    // Tests switch a transport bug on (a `bug-injection` build only); the VM's ranks need it too.
-    let bug = std::env::var("WRINGER_TRANSPORT_BUG")
-        .ok()
-        .filter(|b| !b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
-        .map(|b| format!("WRINGER_TRANSPORT_BUG={} ", quote(&b)))
-        .unwrap_or_default();
-    Ok(format!(
-        "cd {}\n{bug}CI=true {}\necho $? > {}\n",
-        quote(&cwd.display().to_string()),
-        words.join(" "),
-        quote(&inner.join("exit").display().to_string())
-    ))
+    std::fs::copy(key.with_extension("pub"), folder.join("authorized_keys"))?;
+    let link = free_port()?;
+    let mut booted = VmHosts {
+        vms: vec![],
+        hosts: vec![],
+        folder: folder.clone(),
+    };
+    for n in 1..=count {
+        let ssh_port = free_port()?;
+        let script = folder.join(format!("vm-{n}.sh"));
+        std::fs::write(&script, guest_script(vm, n, count, &folder))?;
+        let mut qemu = format!(
+            "-netdev user,id=c0,net=10.0.2.0/24,hostfwd=tcp:127.0.0.1:{ssh_port}-10.0.2.15:22 \
+             -device virtio-net-pci,netdev=c0,mac={}",
+            mac(1, n)
+        );
+        if count > 1 {
+            // The first VM listens on the link and the second connects: wait (bounded) until
+            // the first's qemu listens.
+            let mode = if n == 1 { "listen" } else { "connect" };
+            qemu.push_str(&format!(
+                " -netdev socket,id=d0,{mode}=127.0.0.1:{link} -device virtio-net-pci,netdev=d0,mac={}",
+                mac(0, n)
+            ));
+            if n > 1 {
+                wait_listening(link, &mut booted.vms[0])?;
+            }
+        }
+        let memory = &vm.memory;
+        let child = vng(
+            vm,
+            memory,
+            &folder,
+            &script,
+            &folder.join(format!("console-{n}.log")),
+            &qemu,
+        )?;
+        booted.vms.push(child);
+        let target = SshTarget {
+            name: format!("vm-{n}"),
+            host: "127.0.0.1".into(),
+            user: Some("root".into()),
+            port: Some(ssh_port),
+            identity: Some(key.clone()),
+            trust_new_host_keys: true,
+        };
+        booted.hosts.push(RemoteHost {
+            target: HostShell::ssh(target),
+            // The VM sees this machine's files: the binary is where it is here.
+            exe: std::env::current_exe()?.display().to_string(),
+            data_addr: if count > 1 {
+                format!("10.0.0.{n}")
+            } else {
+                "127.0.0.1".into()
+            },
+        });
+    }
+    let deadline = Instant::now() + BOOT_ALLOWANCE;
+    for (i, h) in booted.hosts.iter().enumerate() {
+        loop {
+            let ready = h
+                .target
+                .run(&["cat", "/tmp/wringer-vm-ready"], Duration::from_secs(20));
+            if ready.is_ok_and(|o| o.status.success()) {
+                break;
+            }
+            if let Ok(Some(status)) = booted.vms[i].try_wait() {
+                bail!(
+                    "{} ended while booting ({status}); its console: {}",
+                    h.target.name,
+                    folder.join(format!("console-{}.log", i + 1)).display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not answer over SSH within {}s of booting; its console: {}",
+                    h.target.name,
+                    BOOT_ALLOWANCE.as_secs(),
+                    folder.join(format!("console-{}.log", i + 1)).display()
+                );
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    Ok(booted)
+}
+
+/// A MAC address: NIC 1 is the control NIC, NIC 0 the data link, of VM `n`.
+fn mac(nic: u8, n: u8) -> String {
+    format!("52:54:00:00:0{nic}:0{n}")
+}
+
+/// The guest's set-up: the control NIC (no default route), the RDMA devices, sshd; then it
+/// waits to be killed.
+fn guest_script(vm: &VmSpec, n: u8, count: u8, folder: &Path) -> String {
+    let mut s = format!(
+        "set -e\nmodprobe virtio_net\n\
+         nic() {{ for d in /sys/class/net/*; do [ \"$(cat $d/address)\" = \"$1\" ] && echo ${{d##*/}} && return; done; }}\n\
+         for i in $(seq 1 100); do C=$(nic {control}); [ -n \"$C\" ] && break; sleep 0.2; done\n\
+         ip link set lo up\nip addr add 10.0.2.15/24 dev $C\nip link set $C up\n\
+         modprobe rdma_rxe\n",
+        control = mac(1, n)
+    );
+    if count > 1 {
+        s.push_str(&format!(
+            "for i in $(seq 1 100); do D=$(nic {data}); [ -n \"$D\" ] && break; sleep 0.2; done\n\
+             ip addr add 10.0.0.{n}/24 dev $D\nip link set $D up\nrdma link add rxe0 type rxe netdev $D\n",
+            data = mac(0, n)
+        ));
+    } else {
+        for i in 0..vm.rxe_devices {
+            s.push_str(&format!(
+                "ip link add wrx{i}a type veth peer name wrx{i}b\nip link set wrx{i}a up\nip link set wrx{i}b up\n\
+                 ip addr add 10.213.{i}.1/24 dev wrx{i}a\nrdma link add rxe{i} type rxe netdev wrx{i}a\n"
+            ));
+        }
+    }
+    // sshd with PAM, since root's password is locked, on a host key made at boot.
+    s.push_str(&format!(
+        "mkdir -p /tmp/sshd /run/sshd\nssh-keygen -q -t ed25519 -N '' -f /tmp/sshd/host_key\n\
+         /usr/sbin/sshd -f /dev/null -o HostKey=/tmp/sshd/host_key -o AuthorizedKeysFile={keys} -o PermitRootLogin=prohibit-password \
+         -o StrictModes=no -o UsePAM=yes -o PidFile=/tmp/sshd/pid -o ListenAddress=10.0.2.15 -o MaxStartups=100:30:200\n\
+         echo ready > /tmp/wringer-vm-ready\nwhile true; do sleep 3600; done\n",
+        keys = quote(&folder.join("authorized_keys").display().to_string())
+    ));
+    s
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Wait (bounded) until something listens on 127.0.0.1:`port`: the first VM's end of the link.
+fn wait_listening(port: u16, first: &mut Child) -> Result<()> {
+    let needle = format!("0100007F:{port:04X}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains(&needle) && l.split_whitespace().nth(3) == Some("0A"))
+    {
+        if Instant::now() > deadline || matches!(first.try_wait(), Ok(Some(_))) {
+            bail!("the first VM never opened its end of the link");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
 }
 
 fn vng(
     vm: &VmSpec,
     memory: &str,
-    cpus: u32,
-    inner: &Path,
+    folder: &Path,
     script: &Path,
     console: &Path,
-    extra: Option<String>,
-) -> anyhow::Result<Child> {
-    let log = std::fs::File::create(console).map_err(anyhow::Error::from)?;
-    let mut c = Command::new("vng");
-    c.args(["--disable-kvm", "--run"])
+    qemu: &str,
+) -> Result<Child> {
+    let log = std::fs::File::create(console)?;
+    Command::new("vng")
+        .args(["--disable-kvm", "--run"])
         .arg(&vm.kernel)
-        .args(["--memory", memory, "--cpus", &cpus.to_string(), "--rwdir"])
-        .arg(inner);
-    if let Some(q) = extra {
-        c.arg(format!("--qemu-opts={q}"));
-    }
-    c.arg("--exec")
+        .args(["--memory", memory, "--cpus", &vm.cpus.to_string(), "--rwdir"])
+        .arg(folder)
+        .arg(format!("--qemu-opts={qemu}"))
+        .arg("--exec")
         .arg(format!("sh {}", script.display()))
         .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(anyhow::Error::from)?)
+        .stdout(log.try_clone()?)
         .stderr(log)
         .process_group(0)
         .spawn()
-        .map_err(|e| anyhow::anyhow!("starting vng: {e}"))
-}
-
-/// Wait for `child` within `deadline` (or until interrupted); the VM's process group goes on
-/// every path.
-fn wait_vm(child: &mut Child, deadline: Instant, interrupted: &AtomicBool) -> Option<&'static str> {
-    let ended = loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            break None;
-        }
-        if interrupted.load(Ordering::Relaxed) {
-            break Some("interrupted");
-        }
-        if Instant::now() > deadline {
-            break Some("the VM run passed its deadline");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    kill_vm(child);
-    ended
+        .context("starting vng")
 }
 
 fn kill_vm(child: &mut Child) {
@@ -195,170 +271,25 @@ fn kill_vm(child: &mut Child) {
     let _ = child.wait();
 }
 
-fn run_single(
-    profile: &HostProfile,
-    vm: &VmSpec,
-    req: &VmRun,
-    inner: &Path,
-    budget: Duration,
-    interrupted: &AtomicBool,
-) -> anyhow::Result<Option<&'static str>> {
-    let hosts = inner.join("rxe.yaml");
-    std::fs::write(
-        &hosts,
-        format!(
-            "name: {}\ndescription: inside the rxe VM\nkind: local\nmust_have: [rdma]\n",
-            profile.name
-        ),
-    )
-    .map_err(anyhow::Error::from)?;
-    let mut script = String::from("set -e\nmodprobe rdma_rxe\n");
-    for i in 0..vm.rxe_devices {
-        script.push_str(&format!(
-            "ip link add wrx{i}a type veth peer name wrx{i}b\nip link set wrx{i}a up\nip link set wrx{i}b up\nip addr add 10.213.{i}.1/24 dev wrx{i}a\nrdma link add rxe{i} type rxe netdev wrx{i}a\n"
-        ));
-    }
-    script.push_str("set +e\n");
-    script.push_str(&wringer_run(req, &hosts, inner)?);
-    let path = inner.join("run.sh");
-    std::fs::write(&path, script).map_err(anyhow::Error::from)?;
-    let mut child = vng(
-        vm,
-        &vm.memory,
-        vm.cpus,
-        inner,
-        &path,
-        &inner.join("console.log"),
-        None,
-    )?;
-    Ok(wait_vm(&mut child, Instant::now() + budget, interrupted))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn run_pair(
-    profile: &HostProfile,
-    vm: &VmSpec,
-    req: &VmRun,
-    inner: &Path,
-    budget: Duration,
-    interrupted: &AtomicBool,
-) -> anyhow::Result<Option<&'static str>> {
-    let key = inner.join("key");
-    let _ = std::fs::remove_file(&key);
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-        .arg(&key)
-        .output()
-        .map_err(|e| anyhow::anyhow!("ssh-keygen: {e}"))?;
-    if !out.status.success() {
-        return Err(anyhow::anyhow!(
-            "ssh-keygen failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    std::fs::copy(key.with_extension("pub"), inner.join("authorized_keys"))
-        .map_err(anyhow::Error::from)?;
-    let _ = std::fs::remove_file(inner.join("done"));
-    // Both VMs: NIC up, one rxe device on it, sshd (PAM, since root's password is locked) on a
-    // host key made at boot.
-    let host = format!(
-        "set -e\nmodprobe virtio_net\nfor i in $(seq 1 50); do NIC=$(ip -o link | awk -F': ' '$2 != \"lo\" {{print $2; exit}}'); [ -n \"$NIC\" ] && break; sleep 0.2; done\n\
-         ip addr add 10.0.0.$1/24 dev $NIC\nip link set $NIC up\nmodprobe rdma_rxe\nrdma link add rxe0 type rxe netdev $NIC\n\
-         mkdir -p /tmp/sshd /run/sshd\nssh-keygen -q -t ed25519 -N '' -f /tmp/sshd/host_key\n\
-         /usr/sbin/sshd -f /dev/null -o HostKey=/tmp/sshd/host_key -o AuthorizedKeysFile={keys} -o PermitRootLogin=prohibit-password \
-         -o StrictModes=no -o UsePAM=yes -o PidFile=/tmp/sshd/pid -o ListenAddress=10.0.0.$1 -o MaxStartups=100:30:200\n",
-        keys = quote(&inner.join("authorized_keys").display().to_string())
-    );
-    std::fs::write(inner.join("host.sh"), host).map_err(anyhow::Error::from)?;
-    let done = quote(&inner.join("done").display().to_string());
-    std::fs::write(
-        inner.join("b.sh"),
-        format!(
-            "sh {} 2\nwhile [ ! -f {done} ]; do sleep 1; done\n",
-            quote(&inner.join("host.sh").display().to_string())
-        ),
-    )
-    .map_err(anyhow::Error::from)?;
-    let hosts = inner.join("pair.yaml");
-    let host_entry = |n: u8, name: &str| {
-        format!(
-            "  - name: {name}\n    ssh: {{ host: 10.0.0.{n}, user: root, identity: {key}, trust_new_host_keys: true }}\n    data_addr: 10.0.0.{n}\n    remote_dir: {dir}\n",
-            key = key.display(),
-            dir = inner.join(name).display()
-        )
-    };
-    std::fs::write(
-        &hosts,
-        format!("name: {}\ndescription: two soft-RoCE VMs\nkind: ssh\ncoordinator_addr: 10.0.0.1\nhosts:\n{}{}must_have: [rdma, xhost]\n", profile.name, host_entry(1, "vm-a"), host_entry(2, "vm-b")),
-    )
-    .map_err(anyhow::Error::from)?;
-    let a = format!(
-        "sh {} 1\nset +e\n{}touch {done}\n",
-        quote(&inner.join("host.sh").display().to_string()),
-        wringer_run(req, &hosts, inner)?
-    );
-    std::fs::write(inner.join("a.sh"), a).map_err(anyhow::Error::from)?;
-
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(anyhow::Error::from)?
-        .port();
-    let nic = |mode: &str, mac: u8| {
-        format!("-netdev socket,id=n0,{mode}=127.0.0.1:{port} -device virtio-net-pci,netdev=n0,mac=52:54:00:00:00:0{mac}")
-    };
-    let deadline = Instant::now() + budget;
-    let mut b = vng(
-        vm,
-        &vm.memory,
-        vm.cpus,
-        inner,
-        &inner.join("b.sh"),
-        &inner.join("console-b.log"),
-        Some(nic("listen", 2)),
-    )?;
-    // Host A connects to host B's link: wait (bounded) until B's qemu listens.
-    let needle = format!("0100007F:{port:04X}");
-    while !std::fs::read_to_string("/proc/net/tcp")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.contains(&needle) && l.split_whitespace().nth(3) == Some("0A"))
-    {
-        if Instant::now() > deadline
-            || interrupted.load(Ordering::Relaxed)
-            || matches!(b.try_wait(), Ok(Some(_)))
-        {
-            kill_vm(&mut b);
-            return Ok(Some("host B's VM never opened its link"));
+    #[test]
+    fn the_guest_has_no_default_route() {
+        let vm = VmSpec {
+            kernel: "/nonexistent".into(),
+            memory: "1G".into(),
+            cpus: 1,
+            rxe_devices: 2,
+        };
+        for (n, count) in [(1, 1), (1, 2), (2, 2)] {
+            let s = guest_script(&vm, n, count, Path::new("/tmp/x"));
+            assert!(!s.contains("default"), "{s}");
+            assert!(s.contains("ListenAddress=10.0.2.15"));
+            assert!(s.contains(&mac(1, n)));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(guest_script(&vm, 1, 1, Path::new("/x")).matches("rdma link add").count(), 2);
+        assert!(guest_script(&vm, 2, 2, Path::new("/x")).contains("10.0.0.2/24"));
     }
-    let mut a = match vng(
-        vm,
-        &vm.memory,
-        vm.cpus,
-        inner,
-        &inner.join("a.sh"),
-        &inner.join("console-a.log"),
-        Some(nic("connect", 1)),
-    ) {
-        Ok(a) => a,
-        Err(e) => {
-            kill_vm(&mut b);
-            return Err(e);
-        }
-    };
-    let ended = wait_vm(&mut a, deadline, interrupted);
-    kill_vm(&mut b);
-    Ok(ended)
-}
-
-fn read_results(path: &Path) -> Vec<ScenarioResult> {
-    #[derive(serde::Deserialize)]
-    struct Doc {
-        scenarios: Vec<ScenarioResult>,
-    }
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Doc>(&b).ok())
-        .map(|d| d.scenarios)
-        .unwrap_or_default()
 }

@@ -21,8 +21,8 @@ use anyhow::{Context, Result};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::hosts::placement::Placement;
-use crate::hosts::placement::RemoteHost;
+use crate::hosts::backend::Launch;
+use crate::hosts::placement::{Placement, RemoteHost};
 use crate::model::scenario::{AuditCheck, Perturb};
 use crate::orchestration::audit;
 use crate::orchestration::slurm_step::SlurmStep;
@@ -86,7 +86,7 @@ impl RankGroup {
             step: None,
             step_problems: vec![],
         };
-        if let Some(slurm) = placement.slurm() {
+        if let Launch::Step(slurm) = placement.launch() {
             // Each task's supervisor runs its rank under strace; `{rank}` in the trace's path
             // becomes the task's rank there.
             let trace = tracing.map(|t| {
@@ -121,8 +121,8 @@ impl RankGroup {
         for rank in 0..ranks {
             let log = File::create(log_dir.join(format!("rank-{rank}.log")))?;
             let (r, addr) = (rank.to_string(), rendezvous.to_string());
-            let mut cmd = match placement {
-                Placement::Local => {
+            let mut cmd = match placement.launch() {
+                Launch::Local => {
                     let exe = std::env::current_exe().context("locating the wringer binary")?;
                     let mut c = match tracing {
                         Some(t) => {
@@ -147,9 +147,14 @@ impl RankGroup {
                     .stdin(Stdio::null());
                     c
                 }
-                Placement::Remote { hosts, .. } => {
-                    let h = &hosts[placement.host_of(rank)];
-                    let mut words: Vec<String> = match tracing {
+                Launch::PerRank | Launch::Step(_) => {
+                    let h = &placement.hosts()[placement.host_of(rank)];
+                    // Tests switch a transport bug on (a `bug-injection` build only); remote
+                    // ranks need it too.
+                    let mut words: Vec<String> = transport_bug()
+                        .map(|b| vec!["env".into(), format!("WRINGER_TRANSPORT_BUG={b}")])
+                        .unwrap_or_default();
+                    words.extend(match tracing {
                         Some(t) => audit::strace_command(
                             t.checks,
                             t.perturb,
@@ -157,7 +162,7 @@ impl RankGroup {
                             Path::new(&remote_trace(rendezvous, rank)),
                         ),
                         None => vec![],
-                    };
+                    });
                     words.push(h.exe.clone());
                     let mut words: Vec<&str> = words.iter().map(String::as_str).collect();
                     words.extend([
@@ -219,7 +224,7 @@ impl RankGroup {
     }
 
     pub fn is_remote(&self) -> bool {
-        matches!(self.placement, Placement::Remote { .. })
+        !self.placement.hosts().is_empty()
     }
 
     /// The local child's PID (the rank itself, or its ssh).
@@ -265,10 +270,7 @@ impl RankGroup {
     }
 
     fn target(&self, rank: u32) -> Option<&RemoteHost> {
-        match &self.placement {
-            Placement::Remote { hosts, .. } => hosts.get(self.placement.host_of(rank)),
-            Placement::Local => None,
-        }
+        self.placement.hosts().get(self.placement.host_of(rank))
     }
 
     /// Send `signal` to one rank, wherever it runs.
@@ -340,21 +342,19 @@ impl RankGroup {
             self.step_problems = step.end();
             return;
         }
-        if let Placement::Remote { hosts, .. } = &self.placement {
-            for (i, h) in hosts.iter().enumerate() {
-                let groups: Vec<String> = self
-                    .pids_on(i)
-                    .iter()
-                    .map(|pid| format!("-{pid}"))
-                    .collect();
-                if !groups.is_empty() {
-                    // A traced rank leads its own group; its strace (the parent) goes too.
-                    let script = "for g in \"$@\"; do p=$(ps -o ppid= -p ${g#-} 2>/dev/null); kill -KILL -- $g 2>/dev/null; [ -n \"$TRACED\" ] && [ -n \"$p\" ] && kill -KILL $p 2>/dev/null; done; true";
-                    let traced = if self.traced { "TRACED=1" } else { "TRACED=" };
-                    let mut args = vec!["env", traced, "sh", "-c", script, "sh"];
-                    args.extend(groups.iter().map(String::as_str));
-                    let _ = h.target.run(&args, Duration::from_secs(10));
-                }
+        for (i, h) in self.placement.hosts().iter().enumerate() {
+            let groups: Vec<String> = self
+                .pids_on(i)
+                .iter()
+                .map(|pid| format!("-{pid}"))
+                .collect();
+            if !groups.is_empty() {
+                // A traced rank leads its own group; its strace (the parent) goes too.
+                let script = "for g in \"$@\"; do p=$(ps -o ppid= -p ${g#-} 2>/dev/null); kill -KILL -- $g 2>/dev/null; [ -n \"$TRACED\" ] && [ -n \"$p\" ] && kill -KILL $p 2>/dev/null; done; true";
+                let traced = if self.traced { "TRACED=1" } else { "TRACED=" };
+                let mut args = vec!["env", traced, "sh", "-c", script, "sh"];
+                args.extend(groups.iter().map(String::as_str));
+                let _ = h.target.run(&args, Duration::from_secs(10));
             }
         }
         for p in &mut self.procs {
@@ -402,36 +402,13 @@ impl RankGroup {
             left.extend(step.leftovers());
             return left;
         }
-        let Placement::Remote { hosts, .. } = &self.placement else {
+        if !self.is_remote() {
             return self.local_leftovers();
-        };
-        let needle = format!("--rendezvous {}", self.rendezvous);
-        let mut left = vec![];
-        for (i, h) in hosts.iter().enumerate() {
-            let groups: Vec<String> = self.pids_on(i).iter().map(u32::to_string).collect();
-            match h.target.check(
-                &["ps", "-eo", "pid,pgid,stat,args"],
-                Duration::from_secs(60),
-            ) {
-                Ok(table) => left.extend(
-                    table
-                        .lines()
-                        .filter(|l| {
-                            let f: Vec<&str> = l.split_whitespace().collect();
-                            // A zombie is already dead; its parent (sshd) reaps it.
-                            f.len() > 3
-                                && !f[2].starts_with('Z')
-                                && (l.contains(&needle) || groups.iter().any(|g| g == f[1]))
-                        })
-                        .map(|l| format!("{}: {}", h.target.name, l.trim())),
-                ),
-                Err(e) => left.push(format!(
-                    "{}: could not list processes: {e:#}",
-                    h.target.name
-                )),
-            }
         }
-        left
+        let needle = format!("--rendezvous {}", self.rendezvous);
+        (0..self.placement.hosts().len())
+            .flat_map(|i| self.placement.leftovers(i, &needle, &self.pids_on(i)))
+            .collect()
     }
 }
 
@@ -473,4 +450,12 @@ fn remote_trace(rendezvous: SocketAddr, rank: impl std::fmt::Display) -> String 
         "/tmp/wringer-trace-{}-rank-{rank}.strace",
         rendezvous.port()
     )
+}
+
+/// The transport bug a `bug-injection` build's tests switch on, when set (lower-case words and
+/// dashes only: it goes on a remote command line).
+fn transport_bug() -> Option<String> {
+    std::env::var("WRINGER_TRANSPORT_BUG")
+        .ok()
+        .filter(|b| !b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
 }

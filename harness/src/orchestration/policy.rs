@@ -119,7 +119,7 @@ fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
         code: SkipCode::NoHostControl,
         detail: format!(
             "the {:?} fault acts on a whole host, which only the containers profile can do (`{}` is {:?})",
-            f.action, profile.name, profile.kind
+            f.action, profile.name, profile.kind()
         ),
     }
 }

@@ -16,13 +16,14 @@ const CHECK_LIMIT: Duration = Duration::from_secs(30);
 /// The first need that some host does not meet, as a skip reason.
 pub fn unmet(needs: &[Preflight], placement: &Placement) -> Option<SkipReason> {
     for need in needs {
-        let failed = match placement {
-            Placement::Local => local(need).err(),
-            Placement::Remote { hosts, .. } => hosts.iter().find_map(|h| {
+        let failed = if placement.hosts().is_empty() {
+            local(need).err()
+        } else {
+            placement.hosts().iter().find_map(|h| {
                 remote(need, h)
                     .err()
                     .map(|why| format!("on {}: {why}", h.target.name))
-            }),
+            })
         };
         if let Some(detail) = failed {
             let code = match need {
@@ -102,12 +103,12 @@ mod tests {
                 package: Some("wringer-tools".into()),
             },
         ];
-        let why = unmet(&needs, &Placement::Local).unwrap();
+        let why = unmet(&needs, &crate::hosts::placement::local()).unwrap();
         assert_eq!(
             why.to_string(),
             "missing-program: wringer-no-such-tool (Debian package wringer-tools)"
         );
-        assert!(unmet(&needs[..1], &Placement::Local).is_none());
+        assert!(unmet(&needs[..1], &crate::hosts::placement::local()).is_none());
     }
 
     #[test]
@@ -116,13 +117,13 @@ mod tests {
             command: vec!["sh".into(), "-c".into(), "exit 61".into()],
             reason: "no verbs provider".into(),
         }];
-        let why = unmet(&needs, &Placement::Local).unwrap().to_string();
+        let why = unmet(&needs, &crate::hosts::placement::local()).unwrap().to_string();
         assert!(why.starts_with("precheck: no verbs provider"), "{why}");
         assert!(why.contains("61"), "{why}");
         let ok = [Preflight::Check {
             command: vec!["true".into()],
             reason: "never".into(),
         }];
-        assert!(unmet(&ok, &Placement::Local).is_none());
+        assert!(unmet(&ok, &crate::hosts::placement::local()).is_none());
     }
 }

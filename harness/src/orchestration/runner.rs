@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use hdrhistogram::Histogram;
@@ -16,7 +16,7 @@ use super::policy::{Decision, Policy};
 use super::preflight;
 use crate::hosts::placement::Placement;
 use crate::hosts::probe::HostFacts;
-use crate::hosts::profile::{HostProfile, ProfileKind};
+use crate::hosts::profile::HostProfile;
 use crate::hosts::vm;
 use crate::model::failure::{Failed, Failure};
 use crate::model::known;
@@ -64,10 +64,10 @@ pub fn run(
                 .is_none_or(|f| s.scenario.name.contains(f) || s.scenario.file_name().contains(f))
         })
         .collect();
-    // Hosts come up once per run (containers started, the binary deployed over SSH), and are
-    // probed where they are.
-    let placement = if selected.is_empty() {
-        Placement::Local
+    // Hosts come up once per run (containers started, the binary deployed over SSH, VMs
+    // booted), and are probed where they are.
+    let here = if selected.is_empty() {
+        Ok((crate::hosts::placement::local(), vec![crate::hosts::probe::local()]))
     } else {
         let mut shares: Vec<PathBuf> = selected
             .iter()
@@ -75,11 +75,11 @@ pub fn run(
             .collect();
         shares.sort();
         shares.dedup();
-        crate::hosts::placement::prepare_sharing(profile, &run_id, &shares)?
+        bring_up(profile, &run_id, &shares, &dir)?
     };
-    let facts = crate::hosts::placement::facts(&placement)?;
+    let facts = here.as_ref().map(|(_, f)| f.clone()).unwrap_or_default();
     let meta = RunMeta::new(
-        run_id,
+        run_id.clone(),
         profile.name.clone(),
         seed,
         facts.clone(),
@@ -95,78 +95,36 @@ pub fn run(
         dir: &dir,
         scenarios: selected.len(),
     })?;
-    let policy = Policy {
-        profile,
-        facts: &facts,
-        strict: opts.strict,
-        host_control: placement.containers().is_some(),
-        no_audit: opts.no_audit,
-    };
-    // Where the kernel has no RDMA device, a local profile's `rdma_vm` runs the scenarios that
-    // need RDMA; the rest run here.
-    let (for_vm, here, vm): (Vec<&Loaded>, Vec<&Loaded>, _) = if matches!(
-        profile.kind,
-        ProfileKind::RxeVm | ProfileKind::RxeVmPair
-    ) {
-        (selected, vec![], Some(profile))
-    } else if let Some(vm) = rdma_vm_here(profile, &facts) {
-        eprintln!(
+    // Where the kernel has no RDMA device, a profile's `rdma_vm` runs the scenarios that need
+    // RDMA, in its VMs; the rest run here.
+    let (for_vm, on_here): (Vec<&Loaded>, Vec<&Loaded>) = match rdma_vm_here(profile, &facts) {
+        Some(vm) => {
+            eprintln!(
                 "no RDMA device in this kernel: the scenarios that need RDMA run in the soft-RoCE VMs of {} (WRINGER_NO_VM=1 skips them instead)",
                 vm.file.display()
             );
-        let (rdma, rest) = selected
-            .into_iter()
-            .partition(|l| l.scenario.requires.contains(&Requirement::Rdma));
-        (rdma, rest, Some(vm))
-    } else {
-        (vec![], selected, None)
+            selected
+                .into_iter()
+                .partition(|l| l.scenario.requires.contains(&Requirement::Rdma))
+        }
+        None => (vec![], selected),
+    };
+    let cx = RunContext {
+        opts,
+        seed,
+        dir: &dir,
+        interrupted: &interrupted,
+        known: profile.known.clone(),
     };
     let mut position = 0;
-    if let Some(vm) = vm.filter(|_| !for_vm.is_empty()) {
-        // The VM's run happens inside it; its results are recorded here as they are.
-        let results = in_vm(&for_vm, vm, &policy, opts, seed, &dir, &interrupted);
-        for mut result in results {
-            known::apply(&mut result, &profile.known, opts.strict);
-            out.finished(position, result)?;
-            position += 1;
-        }
-    }
-    {
+    run_group(&on_here, profile, here, &cx, &mut out, &mut position)?;
+    if let Some(vm) = rdma_vm_here(profile, &facts).filter(|_| !for_vm.is_empty()) {
+        let up = bring_up(vm, &run_id, &[], &dir)?;
         let cx = RunContext {
-            profile_audit: &profile.audit,
-            placement: &placement,
-            opts,
-            seed,
-            dir: &dir,
-            interrupted: &interrupted,
+            known: profile.known.iter().chain(&vm.known).cloned().collect(),
+            ..cx
         };
-        for loaded in here {
-            let i = position;
-            position += 1;
-            if interrupted.load(Ordering::Relaxed) {
-                break;
-            }
-            let s = &loaded.scenario;
-            let mut decision = policy.decide(s);
-            if decision == Decision::Run {
-                let needs = crate::rank::steps::preflight(&loaded.steps());
-                if let Some(reason) = preflight::unmet(&needs, &placement) {
-                    decision = policy.unmet(reason, &[]);
-                }
-            }
-            let mut result = match decision.result(&s.name, &loaded.path) {
-                Some(not_run) => not_run,
-                None => {
-                    out.emit(RunEvent::ScenarioStarted {
-                        index: i,
-                        name: &s.name,
-                    })?;
-                    run_scenario(loaded, &cx)
-                }
-            };
-            known::apply(&mut result, &profile.known, opts.strict);
-            out.finished(i, result)?;
-        }
+        run_group(&for_vm, vm, up, &cx, &mut out, &mut position)?;
     }
     let was_interrupted = interrupted.load(Ordering::Relaxed);
     let counts = out.counts;
@@ -217,76 +175,119 @@ impl Stream<'_, '_> {
     }
 }
 
-/// Run the selected scenarios inside the profile's VM(s). Scenarios the VM never reported
-/// fail with the reason; a VM that cannot run here at all is a typed skip under the policy.
-fn in_vm(
-    selected: &[&Loaded],
-    profile: &HostProfile,
-    policy: &Policy,
-    opts: &RunOptions,
-    seed: u64,
-    dir: &Path,
-    interrupted: &AtomicBool,
-) -> Vec<ScenarioResult> {
-    let files: Vec<PathBuf> = selected.iter().map(|l| l.path.clone()).collect();
-    let budget = selected
-        .iter()
-        .map(|l| l.scenario.deadline.0 * opts.repeat.unwrap_or(l.scenario.repeat))
-        .sum::<Duration>();
-    let req = vm::VmRun {
-        files: &files,
-        repeat: opts.repeat,
-        strict: opts.strict,
-        no_audit: opts.no_audit,
-        seed,
-        dir,
-        budget,
+/// A profile's hosts, up and probed; or why its scenarios cannot run at all: a VM that cannot
+/// run on this machine (nothing installed) is a typed skip under the policy, and hosts that
+/// should have come up and did not are a harness error for each scenario. Other profiles'
+/// failures to come up end the run.
+type HostsUp = std::result::Result<(Placement, Vec<HostFacts>), NotUp>;
+
+enum NotUp {
+    Unavailable(SkipReason),
+    Failed(String),
+}
+
+fn bring_up(profile: &HostProfile, run_id: &str, shares: &[PathBuf], dir: &Path) -> Result<HostsUp> {
+    let is_vm = profile.vm().is_some();
+    if let Some(detail) = vm::unavailable(profile).filter(|_| is_vm) {
+        return Ok(Err(NotUp::Unavailable(SkipReason {
+            code: SkipCode::NoVm,
+            detail,
+        })));
+    }
+    let cx = crate::hosts::placement::Prepare {
+        run_id,
+        shares,
+        dir: Some(dir),
     };
-    match vm::run(profile, &req, interrupted) {
-        Ok(mut outcome) => {
-            for l in selected {
-                if !outcome.results.iter().any(|r| r.name == l.scenario.name) {
-                    let why = outcome.ended.unwrap_or(
-                        "the VM ended before reporting it (boot or RDMA set-up failed?)",
-                    );
-                    outcome.results.push(ScenarioResult::failed_before_running(
-                        &l.scenario.name,
+    let up = crate::hosts::placement::prepare_with(profile, &cx).and_then(|p| {
+        let facts = crate::hosts::placement::facts(&p)?;
+        Ok((p, facts))
+    });
+    match up {
+        Ok(up) => Ok(Ok(up)),
+        Err(e) if is_vm => Ok(Err(NotUp::Failed(format!(
+            "the soft-RoCE VMs could not be brought up: {e:#}"
+        )))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Run `loaded` on one profile's hosts, in turn, each decided by the policy.
+fn run_group(
+    loaded: &[&Loaded],
+    profile: &HostProfile,
+    up: HostsUp,
+    cx: &RunContext,
+    out: &mut Stream,
+    position: &mut usize,
+) -> Result<()> {
+    let (placement, facts) = match up {
+        Ok(up) => up,
+        Err(not_up) => {
+            let policy = Policy {
+                profile,
+                facts: &[],
+                strict: cx.opts.strict,
+                host_control: false,
+                no_audit: cx.opts.no_audit,
+            };
+            for l in loaded {
+                let s = &l.scenario;
+                let mut result = match &not_up {
+                    NotUp::Unavailable(reason) => policy
+                        .unmet(reason.clone(), &s.requires)
+                        .result(&s.name, &l.path)
+                        .unwrap_or_else(|| unreachable_run(&s.name, &l.path)),
+                    NotUp::Failed(detail) => ScenarioResult::failed_before_running(
+                        &s.name,
                         &l.path,
                         Failure::HarnessError {
-                            detail: format!("{why}; VM consoles in {}", outcome.inner.display()),
+                            detail: detail.clone(),
                         },
-                    ));
-                }
-            }
-            outcome.results
-        }
-        Err(vm::VmError::Unavailable(detail)) => selected
-            .iter()
-            .map(|l| {
-                let reason = SkipReason {
-                    code: SkipCode::NoVm,
-                    detail: detail.clone(),
+                    ),
                 };
-                let s = &l.scenario;
-                policy
-                    .unmet(reason, &s.requires)
-                    .result(&s.name, &l.path)
-                    .unwrap_or_else(|| unreachable_run(&s.name, &l.path))
-            })
-            .collect(),
-        Err(vm::VmError::Failed(detail)) => selected
-            .iter()
-            .map(|l| {
-                ScenarioResult::failed_before_running(
-                    &l.scenario.name,
-                    &l.path,
-                    Failure::HarnessError {
-                        detail: format!("the VM run could not start: {detail}"),
-                    },
-                )
-            })
-            .collect(),
+                known::apply(&mut result, &cx.known, cx.opts.strict);
+                out.finished(*position, result)?;
+                *position += 1;
+            }
+            return Ok(());
+        }
+    };
+    let policy = Policy {
+        profile,
+        facts: &facts,
+        strict: cx.opts.strict,
+        host_control: placement.can_strike(),
+        no_audit: cx.opts.no_audit,
+    };
+    for loaded in loaded {
+        let i = *position;
+        *position += 1;
+        if cx.interrupted.load(Ordering::Relaxed) {
+            break;
+        }
+        let s = &loaded.scenario;
+        let mut decision = policy.decide(s);
+        if decision == Decision::Run {
+            let needs = crate::rank::steps::preflight(&loaded.steps());
+            if let Some(reason) = preflight::unmet(&needs, &placement) {
+                decision = policy.unmet(reason, &[]);
+            }
+        }
+        let mut result = match decision.result(&s.name, &loaded.path) {
+            Some(not_run) => not_run,
+            None => {
+                out.emit(RunEvent::ScenarioStarted {
+                    index: i,
+                    name: &s.name,
+                })?;
+                run_scenario(loaded, &profile.audit, &placement, cx)
+            }
+        };
+        known::apply(&mut result, &cx.known, cx.opts.strict);
+        out.finished(i, result)?;
     }
+    Ok(())
 }
 
 /// `unmet` never decides to run; should it ever, the scenario fails rather than vanish.
@@ -302,13 +303,13 @@ fn unreachable_run(name: &str, file: &Path) -> ScenarioResult {
 
 /// What every scenario of one run shares.
 struct RunContext<'a> {
-    /// Audit checks the host profile adds to every scenario.
-    profile_audit: &'a [AuditCheck],
-    placement: &'a Placement,
     opts: &'a RunOptions,
     seed: u64,
     dir: &'a Path,
     interrupted: &'a AtomicBool,
+    /// The known failures that apply: the profile's, and its VM profile's for the scenarios
+    /// run there.
+    known: Vec<known::KnownFailure>,
 }
 
 /// Everything the repeats of one scenario observed, before it is summarised.
@@ -318,14 +319,19 @@ pub(crate) struct Observed {
     pub(crate) samples: BTreeMap<SampleKey, Vec<f64>>,
 }
 
-fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
+fn run_scenario(
+    loaded: &Loaded,
+    profile_audit: &[AuditCheck],
+    placement: &Placement,
+    cx: &RunContext,
+) -> ScenarioResult {
     let s = &loaded.scenario;
     let started = Instant::now();
     let mut result = ScenarioResult::not_run(&s.name, &loaded.path, Verdict::Pass, String::new());
     result.reason = None;
     let steps = loaded.steps();
     let faults = loaded.faults();
-    let mut audit: Vec<AuditCheck> = s.audit.iter().chain(cx.profile_audit).copied().collect();
+    let mut audit: Vec<AuditCheck> = s.audit.iter().chain(profile_audit).copied().collect();
     audit.sort();
     audit.dedup();
     let mut perturb: Vec<Perturb> = s.perturb.iter().map(|p| p.value.clone()).collect();
@@ -361,7 +367,7 @@ fn run_scenario(loaded: &Loaded, cx: &RunContext) -> ScenarioResult {
             seed: cx.seed.wrapping_add(repeat as u64),
             log_dir: &log_dir,
             interrupted: cx.interrupted,
-            placement: cx.placement,
+            placement,
         };
         let attempt = coordinator::run(&plan);
         let failures = super::verdict::judge(&attempt, &s.expect);

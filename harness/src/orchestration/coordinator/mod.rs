@@ -143,9 +143,14 @@ pub fn run(plan: &Plan) -> Attempt {
 fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     let token = random_token()?;
     let listener = Arc::new(
-        TcpListener::bind((plan.placement.rendezvous_ip(), 0)).context("binding the rendezvous")?,
+        TcpListener::bind((plan.placement.rendezvous().bind, 0))
+            .context("binding the rendezvous")?,
     );
-    let addr = listener.local_addr()?;
+    // Ranks are told the address their hosts reach it at.
+    let addr = std::net::SocketAddr::new(
+        plan.placement.rendezvous().advertise,
+        listener.local_addr()?.port(),
+    );
     let (events_tx, events) = crossbeam_channel::unbounded();
     let rejected = Arc::new(AtomicU64::new(0));
     let open_conns: OpenConns = Arc::default();
@@ -201,27 +206,11 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     // (stopped ones included), the hosts' process tables checked, then our threads.
     let mut outcome = core.into_outcome();
     if !outcome.faults_struck.is_empty() {
-        if let Some(c) = plan.placement.containers() {
-            if let Err(e) = c.heal() {
-                outcome.unexpected.push(format!(
-                    "could not heal the container hosts after the faults: {e:#}"
-                ));
-            }
-        }
-        if let Some(cluster) = plan.placement.test_cluster() {
-            match cluster.recover() {
-                // A step that ran on a node killed under it never completes while its job
-                // lives: the allocation goes (the next repeat obtains a new one).
-                Ok(restarted) if !restarted.is_empty() => {
-                    if let Some(slurm) = plan.placement.slurm() {
-                        slurm.release();
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => outcome.unexpected.push(format!(
-                    "could not bring the Slurm test cluster back after the faults: {e:#}"
-                )),
-            }
+        if let Err(e) = plan.placement.heal() {
+            outcome.unexpected.push(format!(
+                "could not heal the {} hosts after the faults: {e:#}",
+                plan.placement.kind()
+            ));
         }
     }
     group.kill_all();
@@ -487,26 +476,17 @@ fn reconcile(steps: &[Step], attempt: &mut Attempt) {
 /// Violations quoted per rank; the rest are counted (the trace holds them all).
 const MAX_VIOLATIONS_SHOWN: usize = 5;
 
-/// Strike: a signal to the rank, or an action on its host (containers only).
+/// Strike: a signal to the rank, or an action on its host (where the backend can).
 fn apply_fault(
     action: FaultAction,
     rank: u32,
     group: &RankGroup,
     placement: &Placement,
 ) -> Result<()> {
-    let host = placement.host_of(rank);
-    let containers = || {
-        placement
-            .containers()
-            .context("host-level faults need the containers host profile")
-    };
     match action {
         FaultAction::Sigkill => group.signal(rank, Signal::SIGKILL),
         FaultAction::Sigstop => group.signal(rank, Signal::SIGSTOP),
-        FaultAction::HostKill => containers()?.kill(host),
-        FaultAction::HostFreeze => containers()?.freeze(host),
-        FaultAction::LinkCut => containers()?.cut_link(host),
-        FaultAction::RateLimit => containers()?.rate_limit(host, "10mbit"),
+        host_level => placement.strike(host_level, placement.host_of(rank)),
     }
 }
 
