@@ -20,10 +20,12 @@ crate::declare_metrics! {
 }
 
 /// What a GPU step does: ping-pong at each size, then `stream_messages` of the largest one
-/// way, for bandwidth. Both GPU step kinds take these parameters.
+/// way, for bandwidth, over `fabric`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuParams {
+    #[serde(default)]
+    pub fabric: super::fabric::Fabric,
     pub sizes: Vec<u32>,
     pub iterations: u32,
     pub stream_messages: u32,

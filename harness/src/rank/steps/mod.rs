@@ -7,7 +7,9 @@
 mod external;
 pub mod fabric;
 pub use external::wall_us;
+mod gpu_rdma;
 mod gpu_support;
+mod gpu_tcp;
 mod raw_peer;
 pub mod rdma_support;
 mod scripted_peer;
@@ -176,8 +178,7 @@ registry! {
     RdmaInterfaceIndex(rdma_interface_index::RdmaInterfaceIndex) = "rdma-interface-index",
     RdmaXhostSend(rdma_xhost_send::RdmaXhostSend) = "rdma-xhost-send",
     RdmaInteropRcPingpong(rdma_interop_rc_pingpong::RdmaInteropRcPingpong) = "rdma-interop-rc-pingpong",
-    GpuPingpongTcp(gpu_pingpong_tcp::GpuPingpongTcp) = "gpu-pingpong-tcp",
-    GpuPingpongRdma(gpu_pingpong_rdma::GpuPingpongRdma) = "gpu-pingpong-rdma",
+    GpuPingpong(gpu_pingpong::GpuPingpong) = "gpu-pingpong",
     ListenerNeverAnswers(listener_never_answers::ListenerNeverAnswers) = "listener-never-answers",
     HandoverOrder(handover_order::HandoverOrder) = "handover-order",
     MidFrameDeadlines(mid_frame_deadlines::MidFrameDeadlines) = "mid-frame-deadlines",
@@ -189,6 +190,8 @@ registry! {
     renamed:
     RdmaPeerDeath = "rdma-peer-death" => "`peer-death` with `fabric: rdma` (and `victim: 1`, the default)",
     RdmaPingpong = "rdma-pingpong" => "`pingpong` with `fabric: rdma`",
+    GpuPingpongTcp = "gpu-pingpong-tcp" => "`gpu-pingpong` (`fabric: tcp` is the default)",
+    GpuPingpongRdma = "gpu-pingpong-rdma" => "`gpu-pingpong` with `fabric: rdma`",
 }
 
 impl Named for Step {

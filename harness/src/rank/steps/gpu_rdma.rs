@@ -1,8 +1,5 @@
-//! gpu-pingpong-rdma: the same over an RC connection with RDMA WRITE: GPU memory registered through dmabuf where the GPU and NIC allow it, else staged through pinned host memory.
+//! The GPU ping-pong over RDMA (`gpu-pingpong` with `fabric: rdma`): an RC connection with RDMA WRITE, GPU memory registered through dmabuf where the GPU and NIC allow it, else staged through pinned host memory.
 
-use crate::model::invalid::Invalid;
-use super::gpu_support::{GPU_BANDWIDTH_GBPS, GPU_DATA_MISMATCHES, GPU_MESSAGES, GPU_PATTERN_HOST_MISMATCHES};
-use super::rdma_support::{RDMA_COMPLETION_ERRORS, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -12,62 +9,14 @@ use wringer_transport::rdma::rc::{RcConnection, Received, RemoteRegion};
 
 use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
-use serde::{Deserialize, Serialize};
 
 use super::gpu_support::*;
-use super::StepKind;
-use crate::model::metric::{Metric, Series};
-use crate::model::scenario::StepSpec;
 
 crate::declare_metrics! {
     pub GPU_DMABUF = "gpu_dmabuf", Flag, Neither;
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(transparent)]
-pub struct GpuPingpongRdma(pub GpuParams);
-
-impl super::Describe for GpuPingpongRdma {
-    const ABOUT: &'static str = "device buffers over RC WRITE (dmabuf or staged)";
-}
-
-impl StepSpec for GpuPingpongRdma {
-    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
-        vec![crate::model::requirement::Requirement::Gpu, crate::model::requirement::Requirement::Rdma]
-    }
-
-    fn metrics(&self) -> &'static [Metric] {
-        &[
-            GPU_MESSAGES,
-            GPU_DATA_MISMATCHES,
-            GPU_PATTERN_HOST_MISMATCHES,
-            GPU_BANDWIDTH_GBPS,
-            GPU_DMABUF,
-            RDMA_COMPLETION_ERRORS,
-            RETRY_EXC_ERR,
-        ]
-    }
-
-    fn series(&self) -> &'static [Series] {
-        &[Series::Latency]
-    }
-
-    fn deadline(&self) -> Duration {
-        self.0.deadline.0
-    }
-
-    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
-        self.0.check()
-    }
-}
-
-impl StepKind for GpuPingpongRdma {
-    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
-        rdma(ctx, step, &self.0, report)
-    }
-}
-
-pub fn rdma(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+pub(super) fn gpu_over_rdma(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
     let deadline = plan.deadline.0;
     if !ctx.in_pair() {
         return Ok(());
@@ -186,20 +135,5 @@ fn await_credit(c: &mut RcConnection, deadline: Duration) -> Result<()> {
     match c.recv(deadline)? {
         Received::Message(m) if m == b"credit" => Ok(()),
         other => bail!("expected a stream credit, got {other:?}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::scenario::StepSpec;
-    use crate::rank::steps::testing::{accepted, refused};
-
-    #[test]
-    fn sizes_are_checked_and_dmabuf_is_declared() {
-        let yaml = "gpu-pingpong-rdma: { sizes: [64, 4096], iterations: 50, stream_messages: 32, deadline: 60s }";
-        let s = accepted(yaml, 2);
-        assert!(s.metrics().contains(&GPU_DMABUF));
-        assert!(refused("gpu-pingpong-rdma: { sizes: [], iterations: 50, stream_messages: 32, deadline: 60s }", 2).contains("size"));
     }
 }

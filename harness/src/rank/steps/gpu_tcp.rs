@@ -1,8 +1,6 @@
-//! gpu-pingpong-tcp: ranks 0 and 1, each on a GPU: ping-pong of device buffers over TCP (staged through pinned host memory), the pattern written and checked on the device at every size; then `stream_messages` of the largest size one way, for bandwidth.
+//! The GPU ping-pong over TCP (`gpu-pingpong` with `fabric: tcp`): device buffers staged through pinned host memory, the pattern written and checked on the device at every size; then `stream_messages` of the largest size one way, for bandwidth.
 
-use crate::model::invalid::Invalid;
-use super::gpu_support::{GPU_BANDWIDTH_GBPS, GPU_DATA_MISMATCHES, GPU_MESSAGES, GPU_PATTERN_HOST_MISMATCHES};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Result};
 use wringer_transport::gpu::tcp::TcpStaging;
@@ -11,55 +9,10 @@ use wringer_transport::Connection;
 use super::{connect_to, seq};
 use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
-use serde::{Deserialize, Serialize};
 
 use super::gpu_support::*;
-use super::StepKind;
-use crate::model::metric::{Metric, Series};
-use crate::model::scenario::StepSpec;
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(transparent)]
-pub struct GpuPingpongTcp(pub GpuParams);
-
-impl super::Describe for GpuPingpongTcp {
-    const ABOUT: &'static str = "device buffers over TCP (pinned staging), checked on the GPU";
-}
-
-impl StepSpec for GpuPingpongTcp {
-    fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
-        vec![crate::model::requirement::Requirement::Gpu]
-    }
-
-    fn metrics(&self) -> &'static [Metric] {
-        &[
-            GPU_MESSAGES,
-            GPU_DATA_MISMATCHES,
-            GPU_PATTERN_HOST_MISMATCHES,
-            GPU_BANDWIDTH_GBPS,
-        ]
-    }
-
-    fn series(&self) -> &'static [Series] {
-        &[Series::Latency]
-    }
-
-    fn deadline(&self) -> Duration {
-        self.0.deadline.0
-    }
-
-    fn check(&self, _ranks: u32) -> Result<(), Invalid> {
-        self.0.check()
-    }
-}
-
-impl StepKind for GpuPingpongTcp {
-    fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
-        tcp(ctx, step, &self.0, report)
-    }
-}
-
-pub fn tcp(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+pub(super) fn gpu_over_tcp(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
     let deadline = plan.deadline.0;
     if !ctx.in_pair() {
         return Ok(());
@@ -130,17 +83,4 @@ pub fn tcp(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepRe
     conn.close()?;
     t.into_report(report);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::model::scenario::StepSpec;
-    use crate::rank::steps::testing::{accepted, refused};
-
-    #[test]
-    fn sizes_and_iterations_are_checked() {
-        let s = accepted("gpu-pingpong-tcp: { sizes: [64, 4096], iterations: 50, stream_messages: 32, deadline: 60s }", 2);
-        assert!(!s.metrics().is_empty());
-        assert!(refused("gpu-pingpong-tcp: { sizes: [64], iterations: 0, stream_messages: 32, deadline: 60s }", 2).contains("iterations"));
-    }
 }
