@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use crate::hosts::placement::RemoteHost;
 use crate::hosts::shell::HostShell;
 use crate::hosts::slurm::Slurm;
 use crate::model::scenario::FaultAction;
@@ -28,6 +27,15 @@ impl Rendezvous {
             advertise: ip,
         }
     }
+}
+
+/// A host that ranks run on (over SSH, or a Slurm node), with this build of wringer on it.
+#[derive(Clone, Debug)]
+pub struct RemoteHost {
+    pub target: HostShell,
+    pub exe: String,
+    /// What ranks on this host bind to and advertise.
+    pub data_addr: String,
 }
 
 /// How a backend's ranks start.

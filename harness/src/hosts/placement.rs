@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+pub use crate::hosts::backend::RemoteHost;
 use crate::hosts::backend::{Backend, Launch, LocalHost, Rendezvous, SshHosts};
 use crate::hosts::containers::{self, ContainerHosts};
 use crate::hosts::profile::{BackendSpec, HostProfile};
@@ -20,15 +21,6 @@ use crate::hosts::slurm::{BindRule, Slurm};
 use crate::hosts::ssh::{deploy, deploy_shipped, SshTarget};
 use crate::hosts::vm::{self, VmHosts};
 use crate::model::scenario::FaultAction;
-
-/// A host that ranks run on (over SSH, or a Slurm node), with this build of wringer on it.
-#[derive(Clone, Debug)]
-pub struct RemoteHost {
-    pub target: HostShell,
-    pub exe: String,
-    /// What ranks on this host bind to and advertise.
-    pub data_addr: String,
-}
 
 /// Where a run's ranks go: a prepared backend, shared by the attempts of the run.
 pub type Placement = Arc<dyn Backend>;

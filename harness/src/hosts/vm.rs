@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::hosts::placement::RemoteHost;
+use crate::hosts::backend::RemoteHost;
 use crate::hosts::profile::{HostProfile, VmSpec};
 use crate::hosts::shell::HostShell;
 use crate::hosts::ssh::{quote, SshTarget};
