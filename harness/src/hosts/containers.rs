@@ -192,6 +192,7 @@ impl ContainerHosts {
             port: None,
             identity: Some(self.key.clone()),
             trust_new_host_keys: true,
+            control: None,
         }
     }
 

@@ -249,6 +249,7 @@ pub fn prepare_with(profile: &HostProfile, cx: &Prepare) -> Result<Placement> {
                         .as_ref()
                         .map(|i| PathBuf::from(shellexpand_home(&i.value))),
                     trust_new_host_keys: h.ssh.trust_new_host_keys,
+                    control: None,
                 };
                 let dir = h
                     .remote_dir

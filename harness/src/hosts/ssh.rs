@@ -18,6 +18,10 @@ pub struct SshTarget {
     pub identity: Option<PathBuf>,
     /// Options for throwaway test hosts (their host keys are new every run).
     pub trust_new_host_keys: bool,
+    /// A master connection's socket to share (`ControlPath`), where the harness holds one
+    /// open: each command then starts in milliseconds instead of a handshake (seconds in a
+    /// TCG VM). Without the master, ssh connects on its own.
+    pub control: Option<PathBuf>,
 }
 
 /// Quote one word for a POSIX shell: the remote side of ssh always runs a shell.
@@ -51,6 +55,11 @@ impl SshTarget {
         }
         if let Some(port) = self.port {
             c.args(["-p", &port.to_string()]);
+        }
+        if let Some(path) = &self.control {
+            c.arg("-o")
+                .arg(format!("ControlPath={}", path.display()))
+                .args(["-o", "ControlMaster=no"]);
         }
         if let Some(id) = &self.identity {
             c.arg("-i").arg(id).args(["-o", "IdentitiesOnly=yes"]);
@@ -244,6 +253,7 @@ mod tests {
             user: Some("u".into()),
             port: Some(2222),
             identity: None,
+            control: None,
             trust_new_host_keys: false,
         };
         let args: Vec<String> = t

@@ -47,9 +47,12 @@ pub fn unavailable(profile: &HostProfile) -> Option<String> {
     None
 }
 
-/// Booted VMs, reachable over SSH; dropping them ends every VM (its whole process group).
+/// Booted VMs, reachable over SSH; dropping them ends every VM (its whole process group) and
+/// the master connections.
 pub struct VmHosts {
     vms: Vec<Child>,
+    /// One `ssh -M` per VM, which every command to it shares.
+    masters: Vec<Child>,
     pub hosts: Vec<RemoteHost>,
     /// Where the consoles are.
     pub folder: PathBuf,
@@ -66,6 +69,10 @@ impl std::fmt::Debug for VmHosts {
 
 impl Drop for VmHosts {
     fn drop(&mut self) {
+        for m in &mut self.masters {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
         for vm in &mut self.vms {
             kill_vm(vm);
         }
@@ -95,6 +102,7 @@ pub fn boot(profile: &HostProfile, count: u8, folder: &Path) -> Result<VmHosts> 
     let link = free_port()?;
     let mut booted = VmHosts {
         vms: vec![],
+        masters: vec![],
         hosts: vec![],
         folder: folder.clone(),
     };
@@ -136,6 +144,7 @@ pub fn boot(profile: &HostProfile, count: u8, folder: &Path) -> Result<VmHosts> 
             port: Some(ssh_port),
             identity: Some(key.clone()),
             trust_new_host_keys: true,
+            control: Some(folder.join(format!("ssh-{n}.sock"))),
         };
         booted.hosts.push(RemoteHost {
             target: HostShell::ssh(target),
@@ -175,7 +184,52 @@ pub fn boot(profile: &HostProfile, count: u8, folder: &Path) -> Result<VmHosts> 
             std::thread::sleep(Duration::from_secs(1));
         }
     }
+    let masters: Vec<Child> = booted
+        .hosts
+        .iter()
+        .map(master)
+        .collect::<Result<_>>()?;
+    booted.masters = masters;
     Ok(booted)
+}
+
+/// Hold a master connection open to `host` (its socket is the target's `control`), and wait
+/// (bounded) until commands can share it. Should it fail, commands connect on their own.
+fn master(host: &RemoteHost) -> Result<Child> {
+    let crate::hosts::shell::Via::Ssh(t) = &host.target.via else {
+        bail!("{}: not reached over SSH", host.target.name);
+    };
+    let socket = t.control.clone().context("a VM's target names its socket")?;
+    let _ = std::fs::remove_file(&socket);
+    let direct = SshTarget {
+        control: None,
+        ..t.clone()
+    };
+    let cmd = direct.command(&[]);
+    // `-M -N`: a master that runs nothing; its socket is where the others' commands go.
+    let args: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
+    let mut m = Command::new(cmd.get_program());
+    m.arg("-M")
+        .arg("-N")
+        .arg("-o")
+        .arg(format!("ControlPath={}", socket.display()))
+        .args(args.iter().take_while(|a| a.as_os_str() != "--"))
+        .args(args.iter().skip_while(|a| a.as_os_str() != "--").take(2))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    drop(cmd);
+    let mut child = m.spawn().context("starting the ssh master")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{}: the ssh master connection did not come up", host.target.name);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(child)
 }
 
 /// A MAC address: NIC 1 is the control NIC, NIC 0 the data link, of VM `n`.
@@ -208,6 +262,13 @@ fn guest_script(vm: &VmSpec, n: u8, count: u8, folder: &Path) -> String {
             ));
         }
     }
+    // Commands arrive through root's shell, which would read this machine's shell start-up
+    // files (a pyenv or conda set-up costs seconds a command under TCG): inside the VM they
+    // read as empty.
+    s.push_str(
+        "H=$(getent passwd root | cut -d: -f6)\n\
+         for f in .bashrc .bash_profile .bash_login .profile; do if [ -f \"$H/$f\" ]; then mount --bind /dev/null \"$H/$f\"; fi; done\n",
+    );
     // sshd with PAM, since root's password is locked, on a host key made at boot.
     s.push_str(&format!(
         "mkdir -p /tmp/sshd /run/sshd\nssh-keygen -q -t ed25519 -N '' -f /tmp/sshd/host_key\n\
