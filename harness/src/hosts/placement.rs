@@ -13,14 +13,14 @@ pub use crate::hosts::backend::RemoteHost;
 use crate::hosts::backend::{Backend, Launch, LocalHost, Rendezvous, SshHosts};
 use crate::hosts::containers::{self, ContainerHosts};
 use crate::hosts::profile::{BackendSpec, HostProfile};
-use crate::hosts::slurm::profile::SlurmSpec;
-use serde_saphyr::Spanned;
 use crate::hosts::shell::{HostShell, Via};
 use crate::hosts::slurm::cluster::TestCluster;
+use crate::hosts::slurm::profile::SlurmSpec;
 use crate::hosts::slurm::{BindRule, Slurm};
 use crate::hosts::ssh::{deploy, deploy_shipped, SshTarget};
 use crate::hosts::vm::{self, VmHosts};
 use crate::model::scenario::FaultAction;
+use serde_saphyr::Spanned;
 
 /// Where a run's ranks go: a prepared backend, shared by the attempts of the run.
 pub type Placement = Arc<dyn Backend>;

@@ -53,7 +53,7 @@ pub enum BackendSpec {
     /// wringer obtains; optionally on a test cluster of containers started for the run (then
     /// no `coordinator_addr`).
     Slurm {
-        slurm: crate::hosts::slurm::profile::SlurmSpec,
+        slurm: Box<crate::hosts::slurm::profile::SlurmSpec>,
         coordinator_addr: Option<Spanned<String>>,
     },
 }
@@ -335,7 +335,14 @@ fn only(path: &Path, f: &ProfileFile, takes: &[&str]) -> Result<(), InputError> 
                 if takes.is_empty() {
                     String::new()
                 } else {
-                    format!(" (it takes {})", takes.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", "))
+                    format!(
+                        " (it takes {})",
+                        takes
+                            .iter()
+                            .map(|t| format!("`{t}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
                 }
             ),
         )),
@@ -364,7 +371,10 @@ fn vm(path: &Path, f: &mut ProfileFile) -> Result<BackendSpec, InputError> {
     let Some(v) = f.vm.take() else {
         return Err(InputError::plain(
             path,
-            format!("an `{}` profile needs `vm: {{ kernel: PATH }}`", kind_name(f.kind)),
+            format!(
+                "an `{}` profile needs `vm: {{ kernel: PATH }}`",
+                kind_name(f.kind)
+            ),
         ));
     };
     if !(1..=4).contains(&v.rxe_devices) {
@@ -418,7 +428,7 @@ fn slurm(path: &Path, f: &mut ProfileFile) -> Result<BackendSpec, InputError> {
         (None, Some(addr)) => coordinator_addr(path, addr)?,
     }
     Ok(BackendSpec::Slurm {
-        slurm: s,
+        slurm: Box::new(s),
         coordinator_addr: f.coordinator_addr.take(),
     })
 }
@@ -526,10 +536,8 @@ mod tests {
             .unwrap();
         assert!(matches!(&c.backend, BackendSpec::Containers(s) if s.count == 3));
         assert_eq!((c.hosts(), c.host_control()), (3, true));
-        let pair = parsed(
-            "name: v\ndescription: d\nkind: rxe-vm-pair\nvm: { kernel: /boot/k }\n",
-        )
-        .unwrap();
+        let pair = parsed("name: v\ndescription: d\nkind: rxe-vm-pair\nvm: { kernel: /boot/k }\n")
+            .unwrap();
         assert_eq!((pair.kind(), pair.hosts()), (ProfileKind::RxeVmPair, 2));
         assert_eq!(pair.vm().map(|v| v.rxe_devices), Some(1));
         let ssh = parsed(
@@ -549,15 +557,17 @@ mod tests {
             "name: v\ndescription: d\nkind: rxe-vm\nvm: { kernel: /k }\ncontainers: { count: 2 }\n",
         )
         .unwrap_err();
-        assert!(why.contains("takes no `containers` (it takes `vm`)"), "{why}");
+        assert!(
+            why.contains("takes no `containers` (it takes `vm`)"),
+            "{why}"
+        );
         let why = parsed("name: v\ndescription: d\nkind: rxe-vm\n").unwrap_err();
         assert!(why.contains("needs `vm: { kernel: PATH }`"), "{why}");
         let why = parsed("name: s\ndescription: d\nkind: ssh\nhosts: []\n").unwrap_err();
         assert!(why.contains("needs `hosts:`"), "{why}");
-        let why = parsed(
-            "name: v\ndescription: d\nkind: rxe-vm\nvm: { kernel: /k }\nrdma_vm: x.yaml\n",
-        )
-        .unwrap_err();
+        let why =
+            parsed("name: v\ndescription: d\nkind: rxe-vm\nvm: { kernel: /k }\nrdma_vm: x.yaml\n")
+                .unwrap_err();
         assert!(why.contains("only `local` and `containers`"), "{why}");
     }
 }

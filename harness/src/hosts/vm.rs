@@ -184,11 +184,7 @@ pub fn boot(profile: &HostProfile, count: u8, folder: &Path) -> Result<VmHosts> 
             std::thread::sleep(Duration::from_secs(1));
         }
     }
-    let masters: Vec<Child> = booted
-        .hosts
-        .iter()
-        .map(master)
-        .collect::<Result<_>>()?;
+    let masters: Vec<Child> = booted.hosts.iter().map(master).collect::<Result<_>>()?;
     booted.masters = masters;
     Ok(booted)
 }
@@ -199,7 +195,10 @@ fn master(host: &RemoteHost) -> Result<Child> {
     let crate::hosts::shell::Via::Ssh(t) = &host.target.via else {
         bail!("{}: not reached over SSH", host.target.name);
     };
-    let socket = t.control.clone().context("a VM's target names its socket")?;
+    let socket = t
+        .control
+        .clone()
+        .context("a VM's target names its socket")?;
     let _ = std::fs::remove_file(&socket);
     let direct = SshTarget {
         control: None,
@@ -225,7 +224,10 @@ fn master(host: &RemoteHost) -> Result<Child> {
         if Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
             let _ = child.kill();
             let _ = child.wait();
-            bail!("{}: the ssh master connection did not come up", host.target.name);
+            bail!(
+                "{}: the ssh master connection did not come up",
+                host.target.name
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -313,7 +315,13 @@ fn vng(
     Command::new("vng")
         .args(["--disable-kvm", "--run"])
         .arg(&vm.kernel)
-        .args(["--memory", memory, "--cpus", &vm.cpus.to_string(), "--rwdir"])
+        .args([
+            "--memory",
+            memory,
+            "--cpus",
+            &vm.cpus.to_string(),
+            "--rwdir",
+        ])
         .arg(folder)
         .arg(format!("--qemu-opts={qemu}"))
         .arg("--exec")
@@ -350,7 +358,12 @@ mod tests {
             assert!(s.contains("ListenAddress=10.0.2.15"));
             assert!(s.contains(&mac(1, n)));
         }
-        assert_eq!(guest_script(&vm, 1, 1, Path::new("/x")).matches("rdma link add").count(), 2);
+        assert_eq!(
+            guest_script(&vm, 1, 1, Path::new("/x"))
+                .matches("rdma link add")
+                .count(),
+            2
+        );
         assert!(guest_script(&vm, 2, 2, Path::new("/x")).contains("10.0.0.2/24"));
     }
 }

@@ -33,8 +33,6 @@ pub trait StepSpec {
     fn min_ranks(&self) -> u32 {
         2
     }
-    /// The step's own deadline.
-    fn deadline(&self) -> Duration;
     /// Parameter checks against the scenario's rank count; the message says what to fix.
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         Ok(())

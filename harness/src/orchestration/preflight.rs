@@ -117,7 +117,9 @@ mod tests {
             command: vec!["sh".into(), "-c".into(), "exit 61".into()],
             reason: "no verbs provider".into(),
         }];
-        let why = unmet(&needs, &crate::hosts::placement::local()).unwrap().to_string();
+        let why = unmet(&needs, &crate::hosts::placement::local())
+            .unwrap()
+            .to_string();
         assert!(why.starts_with("precheck: no verbs provider"), "{why}");
         assert!(why.contains("61"), "{why}");
         let ok = [Preflight::Check {

@@ -67,7 +67,10 @@ pub fn run(
     // Hosts come up once per run (containers started, the binary deployed over SSH, VMs
     // booted), and are probed where they are.
     let here = if selected.is_empty() {
-        Ok((crate::hosts::placement::local(), vec![crate::hosts::probe::local()]))
+        Ok((
+            crate::hosts::placement::local(),
+            vec![crate::hosts::probe::local()],
+        ))
     } else {
         let mut shares: Vec<PathBuf> = selected
             .iter()
@@ -186,7 +189,12 @@ enum NotUp {
     Failed(String),
 }
 
-fn bring_up(profile: &HostProfile, run_id: &str, shares: &[PathBuf], dir: &Path) -> Result<HostsUp> {
+fn bring_up(
+    profile: &HostProfile,
+    run_id: &str,
+    shares: &[PathBuf],
+    dir: &Path,
+) -> Result<HostsUp> {
     let is_vm = profile.vm().is_some();
     if let Some(detail) = vm::unavailable(profile).filter(|_| is_vm) {
         return Ok(Err(NotUp::Unavailable(SkipReason {

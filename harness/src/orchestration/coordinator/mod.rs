@@ -20,7 +20,7 @@ use nix::sys::signal::Signal;
 use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
 use crate::model::failure::Failure;
-use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb, StepSpec};
+use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb};
 use crate::orchestration::audit;
 use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::{RankGroup, StepLimits};

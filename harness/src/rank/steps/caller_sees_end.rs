@@ -70,10 +70,6 @@ impl StepSpec for CallerSeesEnd {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         in_range("rounds", self.rounds, 1, MAX_ROUNDS)?;
         in_range("callers", self.callers, 2, MAX_CALLERS)

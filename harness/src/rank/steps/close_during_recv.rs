@@ -71,10 +71,6 @@ impl StepSpec for CloseDuringRecv {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         in_range("cycles", self.cycles, 1, MAX_CYCLES)?;
         if self.bound.0.is_zero() || self.bound.0 >= PEER_PATIENCE {

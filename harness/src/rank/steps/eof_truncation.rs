@@ -38,10 +38,6 @@ impl StepSpec for EofTruncation {
     fn metrics(&self) -> &'static [Metric] {
         &[EOF_CASES, EOF_MISCLASSIFIED]
     }
-
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
 }
 
 impl StepKind for EofTruncation {

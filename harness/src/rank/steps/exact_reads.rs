@@ -63,10 +63,6 @@ impl StepSpec for ExactReads {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         if self.dribbled_frames > MAX_DRIBBLED {
             return Err(format!("dribbled_frames must be at most {MAX_DRIBBLED}").into());

@@ -264,10 +264,6 @@ impl StepSpec for Exec {
         1
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, ranks: u32) -> Result<(), Invalid> {
         check(self, ranks)
     }

@@ -39,10 +39,6 @@ impl StepSpec for ExitBeforeFirstExchange {
         3
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, ranks: u32) -> Result<(), Invalid> {
         if self.exiting_rank >= ranks {
             return Err(format!(

@@ -4,7 +4,6 @@
 //! `fabric: rdma` writes with RDMA WRITE, registering GPU memory through dmabuf where it can
 //! (`gpu_rdma`).
 
-use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -24,6 +23,14 @@ use crate::rank::protocol::StepReport;
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct GpuPingpong(pub GpuParams);
+
+impl std::ops::Deref for GpuPingpong {
+    type Target = GpuParams;
+
+    fn deref(&self) -> &GpuParams {
+        &self.0
+    }
+}
 
 impl super::Describe for GpuPingpong {
     const ABOUT: &'static str =
@@ -60,10 +67,6 @@ impl StepSpec for GpuPingpong {
 
     fn series(&self) -> &'static [Series] {
         &[Series::Latency]
-    }
-
-    fn deadline(&self) -> Duration {
-        self.0.deadline.0
     }
 
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {

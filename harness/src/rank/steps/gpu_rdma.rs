@@ -16,7 +16,12 @@ crate::declare_metrics! {
     pub GPU_DMABUF = "gpu_dmabuf", Flag, Neither;
 }
 
-pub(super) fn gpu_over_rdma(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+pub(super) fn gpu_over_rdma(
+    ctx: &RankContext,
+    step: usize,
+    plan: &GpuParams,
+    report: &mut StepReport,
+) -> Result<()> {
     let deadline = plan.deadline.0;
     if !ctx.in_pair() {
         return Ok(());

@@ -12,7 +12,12 @@ use crate::rank::protocol::StepReport;
 
 use super::gpu_support::*;
 
-pub(super) fn gpu_over_tcp(ctx: &RankContext, step: usize, plan: &GpuParams, report: &mut StepReport) -> Result<()> {
+pub(super) fn gpu_over_tcp(
+    ctx: &RankContext,
+    step: usize,
+    plan: &GpuParams,
+    report: &mut StepReport,
+) -> Result<()> {
     let deadline = plan.deadline.0;
     if !ctx.in_pair() {
         return Ok(());

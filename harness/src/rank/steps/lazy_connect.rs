@@ -56,10 +56,6 @@ impl StepSpec for LazyConnect {
             SHUTDOWN_RELEASE_MS,
         ]
     }
-
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
 }
 
 impl StepKind for LazyConnect {

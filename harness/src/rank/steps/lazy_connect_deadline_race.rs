@@ -86,10 +86,6 @@ impl StepSpec for LazyConnectDeadlineRace {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         if !(1..=MAX_ATTEMPTS).contains(&self.attempts) {
             return Err(format!("attempts must be 1..={MAX_ATTEMPTS}, got {}", self.attempts).into());

@@ -49,10 +49,6 @@ impl StepSpec for LazyConnectPartition {
             CONNECT_FAIL_MS,
         ]
     }
-
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
 }
 
 impl StepKind for LazyConnectPartition {

@@ -94,10 +94,6 @@ impl StepSpec for ListenerNeverAnswers {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         if !(1..=MAX_ROUNDS).contains(&self.rounds) {
             return Err(format!("rounds must be 1..={MAX_ROUNDS}, got {}", self.rounds).into());

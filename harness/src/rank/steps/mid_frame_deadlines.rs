@@ -68,10 +68,6 @@ impl StepSpec for MidFrameDeadlines {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         in_range("frames", self.frames, 1, MAX_FRAMES)?;
         in_range("header_cuts", self.header_cuts, 0, MAX_HEADER_CUTS)?;

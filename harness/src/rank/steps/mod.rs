@@ -17,7 +17,6 @@ mod support;
 mod template;
 
 use crate::model::invalid::Invalid;
-use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -152,6 +151,15 @@ macro_rules! registry {
                 }
             }
 
+            /// The step's own deadline: every kind's parameters have one (`deadline:`), read
+            /// here, once.
+            pub fn deadline(&self) -> std::time::Duration {
+                match self {
+                    $(Step::$variant(p) => p.deadline.0,)*
+                    $(Step::$old_variant(r) => match r.0 {},)*
+                }
+            }
+
             fn kind_name(&self) -> &'static str {
                 match self {
                     $(Step::$variant(_) => $name,)*
@@ -209,9 +217,6 @@ impl StepSpec for Step {
     }
     fn min_ranks(&self) -> u32 {
         self.kind().min_ranks()
-    }
-    fn deadline(&self) -> Duration {
-        self.kind().deadline()
     }
     fn check(&self, ranks: u32) -> Result<(), Invalid> {
         self.kind().check(ranks)

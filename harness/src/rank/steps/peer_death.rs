@@ -2,7 +2,7 @@
 //! the point `mid-stream`, where faults strike; rank 0 must see the death within
 //! `detect_timeout`.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
@@ -52,10 +52,6 @@ impl StepSpec for PeerDeath {
 
     fn metrics(&self) -> &'static [Metric] {
         &[SURVIVOR_DETECTED, DETECT_MS]
-    }
-
-    fn deadline(&self) -> Duration {
-        self.deadline.0
     }
 
     fn check(&self, ranks: u32) -> Result<(), Invalid> {

@@ -80,10 +80,6 @@ impl StepSpec for Pingpong {
         }
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         check_sizes(&self.sizes, self.iterations)
     }

@@ -64,10 +64,6 @@ impl StepSpec for RdmaGracefulShutdown {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("connections", self.connections, 1, 1000)?;
         super::in_range("messages", self.messages, 0, super::MAX_COUNT)?;

@@ -43,10 +43,6 @@ impl StepSpec for RdmaInterfaceIndex {
             RDMA_INTERFACE_MISMATCHES,
         ]
     }
-
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
 }
 
 impl StepKind for RdmaInterfaceIndex {

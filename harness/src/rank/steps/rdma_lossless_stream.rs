@@ -51,10 +51,6 @@ impl StepSpec for RdmaLosslessStream {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("size", self.size, 1, super::MAX_MESSAGE)?;
         super::in_range("messages", self.messages, 1, super::MAX_COUNT)

@@ -53,10 +53,6 @@ impl StepSpec for RdmaXhostSend {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("messages", self.messages, 1, super::MAX_COUNT)
     }

@@ -38,10 +38,6 @@ impl StepSpec for ReceiverError {
     fn metrics(&self) -> &'static [Metric] {
         &[SEND_SAW_RECEIVER_ERROR, FLUSH_SAW_RECEIVER_ERROR]
     }
-
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
 }
 
 impl StepKind for ReceiverError {

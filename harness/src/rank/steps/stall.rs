@@ -1,6 +1,5 @@
 //! stall: do nothing for `duration`. A harness self-test for the watchdog.
 
-use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -30,10 +29,6 @@ impl StepSpec for Stall {
 
     fn min_ranks(&self) -> u32 {
         1
-    }
-
-    fn deadline(&self) -> Duration {
-        self.deadline.0
     }
 }
 

@@ -48,10 +48,6 @@ impl StepSpec for TeardownCycles {
         ]
     }
 
-    fn deadline(&self) -> Duration {
-        self.deadline.0
-    }
-
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("cycles", self.cycles, 1, super::MAX_COUNT)
     }
