@@ -76,9 +76,13 @@ impl StepSpec for GpuPingpong {
 
 impl StepKind for GpuPingpong {
     fn run(&self, ctx: &RankContext, step: usize, report: &mut StepReport) -> Result<()> {
+        if !ctx.in_pair() {
+            return Ok(());
+        }
+        let gpu = open(ctx, report)?;
         match self.0.fabric {
-            Fabric::Tcp => super::gpu_tcp::gpu_over_tcp(ctx, step, &self.0, report),
-            Fabric::Rdma => super::gpu_rdma::gpu_over_rdma(ctx, step, &self.0, report),
+            Fabric::Tcp => super::gpu_tcp::gpu_over_tcp(ctx, step, &self.0, gpu, report),
+            Fabric::Rdma => super::gpu_rdma::gpu_over_rdma(ctx, step, &self.0, gpu, report),
         }
     }
 }

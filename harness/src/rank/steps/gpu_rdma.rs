@@ -16,17 +16,15 @@ crate::declare_metrics! {
     pub GPU_DMABUF = "gpu_dmabuf", Flag, Neither;
 }
 
+/// Rank 0 or 1 of the pair, on its opened GPU.
 pub(super) fn gpu_over_rdma(
     ctx: &RankContext,
     step: usize,
     plan: &GpuParams,
+    gpu: Gpu,
     report: &mut StepReport,
 ) -> Result<()> {
     let deadline = plan.deadline.0;
-    if !ctx.in_pair() {
-        return Ok(());
-    }
-    let gpu = open(ctx, report)?;
     let max = plan.max();
     let mut c = super::rdma_support::pair(ctx, step, 64, deadline)?;
     // The regions go before the connection (declared after it, dropped first).

@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use wringer_transport::gpu::tcp::TcpStaging;
+use wringer_transport::gpu::Gpu;
 use wringer_transport::Connection;
 
 use super::{connect_to, seq};
@@ -12,17 +13,15 @@ use crate::rank::protocol::StepReport;
 
 use super::gpu_support::*;
 
+/// Rank 0 or 1 of the pair, on its opened GPU.
 pub(super) fn gpu_over_tcp(
     ctx: &RankContext,
     step: usize,
     plan: &GpuParams,
+    gpu: Gpu,
     report: &mut StepReport,
 ) -> Result<()> {
     let deadline = plan.deadline.0;
-    if !ctx.in_pair() {
-        return Ok(());
-    }
-    let gpu = open(ctx, report)?;
     report.notes.push(format!(
         "rank {}: TCP path: staged through pinned host memory",
         ctx.rank
