@@ -347,3 +347,27 @@ fn every_step_kind_has_unit_tests_in_its_file() {
     }
     assert_eq!(kinds, wringer::rank::steps::Step::NAMES.len());
 }
+
+#[test]
+fn no_backend_runs_wringer_run_again_on_its_hosts() {
+    // A backend brings hosts up and hands them to the one runner; none starts a second
+    // `wringer run` (with its own report) somewhere and reads its results back.
+    for layer in ["hosts", "orchestration"] {
+        let mut stack = vec![src().join(layer)];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let path = e.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                assert!(
+                    !text.contains("\"--report-dir\""),
+                    "{} passes --report-dir: a backend re-entering `wringer run`?",
+                    path.display()
+                );
+            }
+        }
+    }
+}
