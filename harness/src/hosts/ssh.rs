@@ -33,6 +33,25 @@ impl SshTarget {
     /// `ssh [options] destination -- <quoted remote words>`. The local side spawns `ssh`
     /// directly (no local shell); the remote words are quoted one by one.
     pub fn command(&self, remote: &[&str]) -> Command {
+        let mut c = self.base(false);
+        c.arg(
+            remote
+                .iter()
+                .map(|w| quote(w))
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        c
+    }
+
+    /// The master connection behind `control` (`ssh -M -N`: it runs nothing and holds the
+    /// socket the other commands share); `None` without a `control` socket.
+    pub fn master(&self) -> Option<Command> {
+        self.control.as_ref().map(|_| self.base(true))
+    }
+
+    /// `ssh [options] -- destination`, as a master of `control` when `master` is set.
+    fn base(&self, master: bool) -> Command {
         let mut c = Command::new("ssh");
         c.args([
             "-o",
@@ -57,9 +76,12 @@ impl SshTarget {
             c.args(["-p", &port.to_string()]);
         }
         if let Some(path) = &self.control {
-            c.arg("-o")
-                .arg(format!("ControlPath={}", path.display()))
-                .args(["-o", "ControlMaster=no"]);
+            c.arg("-o").arg(format!("ControlPath={}", path.display()));
+            if master {
+                c.args(["-M", "-N"]);
+            } else {
+                c.args(["-o", "ControlMaster=no"]);
+            }
         }
         if let Some(id) = &self.identity {
             c.arg("-i").arg(id).args(["-o", "IdentitiesOnly=yes"]);
@@ -69,13 +91,6 @@ impl SshTarget {
         }
         // `--` ends ssh's options: nothing after it can be read as one.
         c.arg("--").arg(&self.host);
-        c.arg(
-            remote
-                .iter()
-                .map(|w| quote(w))
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
         c
     }
 
@@ -243,6 +258,38 @@ mod tests {
                 .unwrap();
             assert_eq!(String::from_utf8(out.stdout).unwrap(), hostile);
         }
+    }
+
+    #[test]
+    fn commands_share_the_master_connection_that_master_opens() {
+        let t = SshTarget {
+            name: "vm".into(),
+            host: "127.0.0.1".into(),
+            user: Some("root".into()),
+            port: Some(2222),
+            identity: None,
+            trust_new_host_keys: true,
+            control: Some(PathBuf::from("/tmp/s.sock")),
+        };
+        let args = |c: Command| -> Vec<String> {
+            c.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let m = args(t.master().unwrap());
+        assert!(
+            m.contains(&"-M".into()) && m.contains(&"-N".into()),
+            "{m:?}"
+        );
+        assert!(m.contains(&"ControlPath=/tmp/s.sock".into()), "{m:?}");
+        assert!(!m.contains(&"ControlMaster=no".into()), "{m:?}");
+        assert_eq!(&m[m.len() - 2..], ["--", "127.0.0.1"]);
+        let c = args(t.command(&["true"]));
+        assert!(
+            c.contains(&"ControlMaster=no".into()) && !c.contains(&"-M".into()),
+            "{c:?}"
+        );
+        assert!(SshTarget { control: None, ..t }.master().is_none());
     }
 
     #[test]

@@ -195,29 +195,15 @@ fn master(host: &RemoteHost) -> Result<Child> {
     let crate::hosts::shell::Via::Ssh(t) = &host.target.via else {
         bail!("{}: not reached over SSH", host.target.name);
     };
+    let mut m = t.master().context("a VM's target names its socket")?;
     let socket = t
         .control
         .clone()
         .context("a VM's target names its socket")?;
     let _ = std::fs::remove_file(&socket);
-    let direct = SshTarget {
-        control: None,
-        ..t.clone()
-    };
-    let cmd = direct.command(&[]);
-    // `-M -N`: a master that runs nothing; its socket is where the others' commands go.
-    let args: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
-    let mut m = Command::new(cmd.get_program());
-    m.arg("-M")
-        .arg("-N")
-        .arg("-o")
-        .arg(format!("ControlPath={}", socket.display()))
-        .args(args.iter().take_while(|a| a.as_os_str() != "--"))
-        .args(args.iter().skip_while(|a| a.as_os_str() != "--").take(2))
-        .stdin(Stdio::null())
+    m.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    drop(cmd);
     let mut child = m.spawn().context("starting the ssh master")?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !socket.exists() {

@@ -100,7 +100,8 @@ pub fn run(
     })?;
     // Where the kernel has no RDMA device, a profile's `rdma_vm` runs the scenarios that need
     // RDMA, in its VMs; the rest run here.
-    let (for_vm, on_here): (Vec<&Loaded>, Vec<&Loaded>) = match rdma_vm_here(profile, &facts) {
+    let rdma_vm = rdma_vm_here(profile, &facts);
+    let (for_vm, on_here): (Vec<&Loaded>, Vec<&Loaded>) = match rdma_vm {
         Some(vm) => {
             eprintln!(
                 "no RDMA device in this kernel: the scenarios that need RDMA run in the soft-RoCE VMs of {} (WRINGER_NO_VM=1 skips them instead)",
@@ -121,7 +122,9 @@ pub fn run(
     };
     let mut position = 0;
     run_group(&on_here, profile, here, &cx, &mut out, &mut position)?;
-    if let Some(vm) = rdma_vm_here(profile, &facts).filter(|_| !for_vm.is_empty()) {
+    // An interrupted run boots no VM (a boot under TCG takes a minute).
+    if let Some(vm) = rdma_vm.filter(|_| !for_vm.is_empty() && !interrupted.load(Ordering::Relaxed))
+    {
         let up = bring_up(vm, &run_id, &[], &dir)?;
         let cx = RunContext {
             known: profile.known.iter().chain(&vm.known).cloned().collect(),
