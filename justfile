@@ -131,6 +131,26 @@ rdma-blind-spot: build-deps setup-rxe
     grep -h "stats_max_lock_wait\|lock" $out/with-bug/summary.md || true
     if [ $with = 1 ] && [ $without = 0 ]; then echo "rdma-blind-spot: caught with the bug, passed without"; else echo "rdma-blind-spot: with the bug exit $with (want 1), without exit $without (want 0)"; exit 1; fi
 
+# The verbs audit against three RDMA lifecycle bugs switched into the transport (a bug-injection build): with each one, rdma-graceful-shutdown must fail in the soft-RoCE VM with the audit naming its invariant.
+rdma-verbs-bugs: build-deps setup-rxe
+    #!/usr/bin/env bash
+    set -uo pipefail
+    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p wringer --features wringer/bug-injection || exit 2
+    w=target/bug-injection/release/wringer
+    out=reports/rdma-verbs-bugs
+    status=0
+    for pair in destroy-with-receives-posted:qp-destroyed-with-outstanding-wrs dereg-under-posted-receive:mr-dereg-under-posted-wr buffers-to-pool-before-join:memory-reused-under-posted-wr; do
+        bug=${pair%%:*}; check=${pair#*:}
+        WRINGER_TRANSPORT_BUG=$bug $w run --hosts hosts/rxe-vm.yaml --report-dir $out/$bug scenarios/rdma-graceful-shutdown.yaml
+        code=$?
+        if [ $code = 1 ] && grep -q "verbs: $check" $out/$bug/results.json; then
+            echo "rdma-verbs-bugs: $bug caught as $check"
+        else
+            echo "rdma-verbs-bugs: $bug was not caught as $check (exit $code, want 1)"; status=1
+        fi
+    done
+    exit $status
+
 # The RDMA scenarios. Default: inside a soft-RoCE VM (hosts/rxe-vm.yaml); on a host with RDMA, pass a profile that has it.
 test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
     if grep -q '^kind: rxe-vm' {{hosts}}; then just setup-rxe; fi
@@ -202,7 +222,7 @@ fuzz seconds="60" runs="10000000":
 
 # What the build needs beyond Rust: the RDMA binding (sideway) builds a small rdma-core shim with cmake and bindgen (libclang).
 [private]
-build-deps: (apt "cmake" "clang")
+build-deps: (apt "cmake" "clang" "libibverbs-dev" "librdmacm-dev")
 
 ptxas := "target/cuda-tools/nvidia/cuda_nvcc/bin/ptxas"
 

@@ -44,6 +44,16 @@ pub(crate) enum Bug {
     /// `close` skips the shutdown while the application is receiving, believing the receiver
     /// waits aside: a caller blocked in `recv`, or a receiver already waiting for bytes, is not woken.
     CloseSkipsShutdownWhileReceiving,
+    /// RDMA teardown destroys the QP with its receives still posted: never moved to the error
+    /// state, its flushed completions never polled.
+    DestroyWithReceivesPosted,
+    /// RDMA teardown deregisters the receive buffer's memory region first, under the receives
+    /// still posted into it.
+    DeregUnderPostedReceive,
+    /// DAQIRI's pool half: a disconnect hands the connection's buffers back to the pool before
+    /// its worker is joined (and joins off the CM thread), so the next connection posts into
+    /// memory the old QP's receives still target.
+    BuffersToPoolBeforeJoin,
 }
 
 impl Bug {
@@ -76,6 +86,9 @@ fn from_env() -> Option<Bug> {
         "timeout-drops-partial-frame" => Some(Bug::TimeoutDropsPartialFrame),
         "caller-end-unpublished" => Some(Bug::CallerEndUnpublished),
         "close-skips-shutdown-while-receiving" => Some(Bug::CloseSkipsShutdownWhileReceiving),
+        "destroy-with-receives-posted" => Some(Bug::DestroyWithReceivesPosted),
+        "dereg-under-posted-receive" => Some(Bug::DeregUnderPostedReceive),
+        "buffers-to-pool-before-join" => Some(Bug::BuffersToPoolBeforeJoin),
         _ => None,
     }
 }

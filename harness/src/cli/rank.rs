@@ -30,6 +30,10 @@ pub struct Args {
     /// one word each; `{rank}` becomes the rank.
     #[arg(long = "trace-word", requires = "slurm", allow_hyphen_values = true)]
     pub trace_words: Vec<String>,
+    /// The verbs audit: re-exec with the verbs observer preloaded, tracing to
+    /// `PREFIX.<pid>.verbs` (this process and every program it starts).
+    #[arg(long)]
+    pub verbs_trace: Option<String>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -42,7 +46,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         bind_per_node,
         bind_interface,
         trace_words,
+        verbs_trace,
     } = a;
+    if let Some(prefix) = &verbs_trace {
+        wringer::rank::verbs_observer::preload_self(prefix)?;
+    }
     match (slurm, rank) {
         (Some(layout), _) => wringer::rank::slurm_task::run(
             rendezvous,

@@ -41,6 +41,7 @@ pub enum SkipCode {
     MissingProgram,
     Precheck,
     NoTorch,
+    NoVerbsObserver,
 }
 
 impl SkipCode {
@@ -60,6 +61,7 @@ impl SkipCode {
             SkipCode::MissingProgram => "missing-program",
             SkipCode::Precheck => "precheck",
             SkipCode::NoTorch => "no-torch",
+            SkipCode::NoVerbsObserver => "no-verbs-observer",
         }
     }
 }

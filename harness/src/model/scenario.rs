@@ -215,6 +215,16 @@ pub enum AuditCheck {
     Leaks,
     /// Blocking calls without a timeout still in progress when a hang was declared.
     UnboundedWaits,
+    /// Verbs object lifecycles, posts and completions, seen by an observer preloaded into the
+    /// ranks and every program they start (the RDMA data path bypasses the kernel).
+    VerbsLifecycle,
+}
+
+impl AuditCheck {
+    /// Whether the check reads the syscall trace (strace); the verbs check does not.
+    pub fn needs_strace(self) -> bool {
+        self != AuditCheck::VerbsLifecycle
+    }
 }
 
 /// A delay injected into one syscall, on entry or exit, on every call or a share of them.

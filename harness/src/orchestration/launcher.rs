@@ -39,11 +39,24 @@ struct RankProc {
     remote_pid: Option<u32>,
 }
 
-/// Ranks run under strace for the lifecycle audit, with these perturbations.
+/// Ranks run under the audit: strace for the syscall checks and perturbations, the verbs
+/// observer preloaded for the verbs check.
 pub struct Tracing<'a> {
     pub checks: &'a [AuditCheck],
     pub perturb: &'a [Perturb],
     pub seed: u64,
+}
+
+impl Tracing<'_> {
+    /// Whether ranks run under strace.
+    pub fn strace(&self) -> bool {
+        !self.perturb.is_empty() || self.checks.iter().any(|c| c.needs_strace())
+    }
+
+    /// Whether ranks run with the verbs observer preloaded.
+    pub fn verbs(&self) -> bool {
+        self.checks.contains(&AuditCheck::VerbsLifecycle)
+    }
 }
 
 pub struct RankGroup {
@@ -52,6 +65,8 @@ pub struct RankGroup {
     log_dir: PathBuf,
     /// Whether ranks run under strace; a remote rank's trace lies on its host until fetched.
     traced: bool,
+    /// Whether ranks run with the verbs observer (their traces too lie on their hosts).
+    verbs: bool,
     placement: Placement,
     /// The local process group of every local child of this run (the first leads it).
     pgid: i32,
@@ -78,7 +93,8 @@ impl RankGroup {
         let mut group = RankGroup {
             procs: vec![],
             log_dir: log_dir.to_owned(),
-            traced: tracing.is_some(),
+            traced: tracing.is_some_and(Tracing::strace),
+            verbs: tracing.is_some_and(Tracing::verbs),
             placement: placement.clone(),
             pgid: 0,
             rendezvous,
@@ -89,7 +105,7 @@ impl RankGroup {
         if let Launch::Step(slurm) = placement.launch() {
             // Each task's supervisor runs its rank under strace; `{rank}` in the trace's path
             // becomes the task's rank there.
-            let trace = tracing.map(|t| {
+            let trace = tracing.filter(|t| t.strace()).map(|t| {
                 audit::strace_command(
                     t.checks,
                     t.perturb,
@@ -124,7 +140,7 @@ impl RankGroup {
             let mut cmd = match placement.launch() {
                 Launch::Local => {
                     let exe = std::env::current_exe().context("locating the wringer binary")?;
-                    let mut c = match tracing {
+                    let mut c = match tracing.filter(|t| t.strace()) {
                         Some(t) => {
                             let trace = group.trace_path(rank);
                             let words = audit::strace_command(t.checks, t.perturb, t.seed, &trace);
@@ -142,9 +158,11 @@ impl RankGroup {
                         &r,
                         "--bind",
                         "127.0.0.1",
-                    ])
-                    .env(TOKEN_ENV, token)
-                    .stdin(Stdio::null());
+                    ]);
+                    if group.verbs {
+                        c.arg("--verbs-trace").arg(group.verbs_prefix(rank));
+                    }
+                    c.env(TOKEN_ENV, token).stdin(Stdio::null());
                     c
                 }
                 Launch::PerRank | Launch::Step(_) => {
@@ -154,7 +172,7 @@ impl RankGroup {
                     let mut words: Vec<String> = transport_bug()
                         .map(|b| vec!["env".into(), format!("WRINGER_TRANSPORT_BUG={b}")])
                         .unwrap_or_default();
-                    words.extend(match tracing {
+                    words.extend(match tracing.filter(|t| t.strace()) {
                         Some(t) => audit::strace_command(
                             t.checks,
                             t.perturb,
@@ -175,6 +193,10 @@ impl RankGroup {
                         &h.data_addr,
                         "--token-stdin",
                     ]);
+                    let prefix = group.verbs_prefix(rank);
+                    if group.verbs {
+                        words.extend(["--verbs-trace", &prefix]);
+                    }
                     let crate::hosts::shell::Via::Ssh(ssh) = &h.target.via else {
                         anyhow::bail!(
                             "{}: a Slurm node is reached through the step",
@@ -373,6 +395,65 @@ impl RankGroup {
     /// Where rank `rank`'s trace is kept here.
     pub fn trace_path(&self, rank: u32) -> PathBuf {
         self.log_dir.join(format!("rank-{rank}.strace"))
+    }
+
+    /// Where rank `rank`'s processes write their verbs traces (`PREFIX.<pid>.verbs`), on the
+    /// rank's host.
+    pub fn verbs_prefix(&self, rank: u32) -> String {
+        match self.target(rank) {
+            Some(_) => format!("/tmp/wringer-verbs-{}-rank-{rank}", self.rendezvous.port()),
+            None => self
+                .log_dir
+                .join(format!("rank-{rank}"))
+                .display()
+                .to_string(),
+        }
+    }
+
+    /// Every verbs trace rank `rank`'s processes wrote (none when none touched verbs), as
+    /// (local path, text); remote ones are copied here first.
+    pub fn fetch_verbs_traces(&self, rank: u32) -> Result<Vec<(PathBuf, String)>> {
+        let prefix = self.verbs_prefix(rank);
+        if let Some(h) = self.target(rank) {
+            let script = "for f in \"$1\".*.verbs; do [ -f \"$f\" ] || continue; echo \"@@@ $f\"; cat \"$f\"; rm -f \"$f\"; done; true";
+            let text = h
+                .target
+                .check(
+                    &["sh", "-c", script, "sh", &prefix],
+                    Duration::from_secs(60),
+                )
+                .with_context(|| format!("fetching {prefix}.*.verbs from {}", h.target.name))?;
+            let mut out: Vec<(PathBuf, String)> = vec![];
+            for line in text.lines() {
+                if let Some(name) = line.strip_prefix("@@@ ") {
+                    let pid = name.rsplit('.').nth(1).unwrap_or("0");
+                    out.push((
+                        self.log_dir.join(format!("rank-{rank}.{pid}.verbs")),
+                        String::new(),
+                    ));
+                } else if let Some((_, body)) = out.last_mut() {
+                    body.push_str(line);
+                    body.push('\n');
+                }
+            }
+            for (path, body) in &out {
+                std::fs::write(path, body)?;
+            }
+            return Ok(out);
+        }
+        let name = format!("rank-{rank}.");
+        let mut out = vec![];
+        for entry in std::fs::read_dir(&self.log_dir)? {
+            let path = entry?.path();
+            let file = path.file_name().unwrap_or_default().to_string_lossy();
+            if file.starts_with(&name) && file.ends_with(".verbs") {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                out.push((path, text));
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
     /// Rank `rank`'s trace, copied here first from its host when it ran remotely.

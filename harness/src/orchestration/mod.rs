@@ -9,4 +9,5 @@ pub mod policy;
 pub mod preflight;
 pub mod runner;
 pub mod slurm_step;
+pub mod verbs_audit;
 pub mod verdict;

@@ -70,8 +70,14 @@ impl Policy<'_> {
                 return self.unmet(reason, &[*req]);
             }
         }
-        let traced = !self.no_audit
-            && (!s.audit.is_empty() || !s.perturb.is_empty() || !self.profile.audit.is_empty());
+        let mut audit = s.audit.iter().chain(&self.profile.audit);
+        let traced =
+            !self.no_audit && (!s.perturb.is_empty() || audit.clone().any(|c| c.needs_strace()));
+        if !self.no_audit && audit.any(|c| !c.needs_strace()) {
+            if let Some(reason) = no_verbs_observer(self.profile) {
+                return self.unmet(reason, &[]);
+            }
+        }
         if let Some(f) = self.facts.iter().find(|f| traced && !f.strace) {
             let reason = SkipReason {
                 code: SkipCode::NoStrace,
@@ -122,6 +128,22 @@ fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
             f.action, profile.name, profile.kind()
         ),
     }
+}
+
+/// Why the verbs audit cannot run here, if it cannot: this build lacks the observer, or the
+/// ranks are Slurm tasks (their launch does not pass it on).
+fn no_verbs_observer(profile: &HostProfile) -> Option<SkipReason> {
+    let detail = if !crate::rank::verbs_observer::available() {
+        "this wringer was built without the verbs observer: install libibverbs-dev and librdmacm-dev, then rebuild"
+    } else if matches!(profile.kind(), crate::hosts::profile::ProfileKind::Slurm) {
+        "the verbs audit does not reach Slurm tasks yet"
+    } else {
+        return None;
+    };
+    Some(SkipReason {
+        code: SkipCode::NoVerbsObserver,
+        detail: detail.into(),
+    })
 }
 
 #[cfg(test)]

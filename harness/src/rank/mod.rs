@@ -5,4 +5,5 @@ pub mod context;
 pub mod protocol;
 pub mod slurm_task;
 pub mod steps;
+pub mod verbs_observer;
 pub mod worker;

@@ -91,7 +91,10 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
     let ctx = Arc::new(ctx);
     for (i, step) in steps.iter().enumerate() {
         ctx.control.send(&RankMsg::StepStart { step: i })?;
-        match steps::run(step, &ctx, i) {
+        super::verbs_observer::mark(&format!("step-start {i}"));
+        let outcome = steps::run(step, &ctx, i);
+        super::verbs_observer::mark(&format!("step-end {i}"));
+        match outcome {
             Ok(report) => ctx.control.send(&RankMsg::StepResult(report))?,
             Err(e) => ctx.control.send(&RankMsg::StepError {
                 step: i,

@@ -12,8 +12,8 @@ use sideway::ibverbs::completion::{GenericCompletionQueue, WorkCompletionStatus}
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    GenericQueuePair, PostSendGuard, QueuePair, QueuePairState, SetScatterGatherEntry,
-    WorkRequestFlags,
+    GenericQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
+    SetScatterGatherEntry, WorkRequestFlags,
 };
 use sideway::ibverbs::AccessFlags;
 use sideway::rdmacm::communication_manager::{
@@ -313,6 +313,9 @@ const SEND_DEPTH: usize = 16;
 const SPIN_FOR: Duration = Duration::from_micros(200);
 const YIELD_UNTIL: Duration = Duration::from_millis(5);
 const LONGEST_NAP: Duration = Duration::from_millis(1);
+/// How long a teardown waits for the flushed completions of a QP in the error state (soft-RoCE
+/// under TCG flushes a full ring in milliseconds; hardware in microseconds).
+const QUIESCE_WITHIN: Duration = Duration::from_secs(2);
 /// A wait's deadline that costs no reading of the clock until the wait turns out not to be
 /// quick: in the rxe VM under TCG the clock is the emulated HPET, about 3 µs a reading, and a
 /// ping-pong that read it on every call paid for it in latency.
@@ -513,6 +516,30 @@ impl Buffers {
         }
     }
 
+    /// Test-only ([`crate::injected::Bug::BuffersToPoolBeforeJoin`]): a second owner of the
+    /// same memory, for the pool, while the connection still owns and uses it.
+    ///
+    /// # Safety
+    /// Deliberately unsound (that is the bug): exactly one of the two owners may be dropped;
+    /// the other must be forgotten.
+    #[cfg(feature = "bug-injection")]
+    pub(crate) unsafe fn alias(&self) -> Buffers {
+        let again = |b: &[u8]| {
+            // SAFETY: the caller's contract: one of the two boxes is forgotten, never freed.
+            unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    b.as_ptr() as *mut u8,
+                    b.len(),
+                ))
+            }
+        };
+        Buffers {
+            send: again(&self.send),
+            recv: again(&self.recv),
+            write: again(&self.write),
+        }
+    }
+
     fn fits(&self, opts: &RcOptions) -> bool {
         self.send.len() == opts.max_message
             && self.recv.len() == opts.max_message * opts.recv_depth
@@ -546,6 +573,8 @@ pub struct RcConnection {
     counts: CompletionCounts,
     /// Send work requests posted and not yet completed.
     in_flight: usize,
+    /// Receive work requests posted and not yet completed.
+    posted_recvs: usize,
     peer_gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -619,6 +648,7 @@ impl RcConnection {
             ready: VecDeque::new(),
             counts: CompletionCounts::default(),
             in_flight: 0,
+            posted_recvs: 0,
             peer_gone: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         })
     }
@@ -647,7 +677,7 @@ impl RcConnection {
     /// Disconnect, destroy the QP and deregister the memory, then hand the buffers back.
     pub fn into_buffers(mut self) -> Buffers {
         self.disconnect();
-        drop(self.verbs.take());
+        self.release_verbs();
         self.buffers.take().expect("buffers are taken only here")
     }
 
@@ -680,7 +710,9 @@ impl RcConnection {
         // SAFETY: the slot lies inside the receive buffer, registered as `recv_mr`; the buffer
         // outlives the QP (see `Drop`).
         unsafe { wr.setup_sge(lkey, addr, size as u32) };
-        guard.post().map_err(verbs)
+        guard.post().map_err(verbs)?;
+        self.posted_recvs += 1;
+        Ok(())
     }
 
     /// Send our write target and wait for the peer's.
@@ -1007,11 +1039,12 @@ impl RcConnection {
             for (wr_id, status, len, opcode, imm) in got {
                 let status = WcStatus::from_raw(status);
                 *self.counts.0.entry(status).or_default() += 1;
+                self.retire(wr_id);
                 if !status.is_success() {
                     return Err(RdmaError::Completion { status, wr_id });
                 }
                 match wr_id {
-                    SEND_WR | WRITE_WR => self.in_flight = self.in_flight.saturating_sub(1),
+                    SEND_WR | WRITE_WR => {}
                     slot => {
                         let slot = slot as usize;
                         // RECV_RDMA_WITH_IMM: the data landed in our write target.
@@ -1032,6 +1065,80 @@ impl RcConnection {
                 }
             }
         }
+    }
+
+    /// A completion (of any status) retires its work request.
+    fn retire(&mut self, wr_id: u64) {
+        match wr_id {
+            SEND_WR | WRITE_WR => self.in_flight = self.in_flight.saturating_sub(1),
+            _ => self.posted_recvs = self.posted_recvs.saturating_sub(1),
+        }
+    }
+
+    /// Before the QP is destroyed: move it to the error state and poll until every posted work
+    /// request has completed or been flushed, within [`QUIESCE_WITHIN`]. A QP destroyed with
+    /// work requests outstanding leaves the hardware's view of its buffers undefined until the
+    /// destroy returns, and hides completions nobody saw.
+    fn quiesce(&mut self) {
+        if self.verbs.is_none() || self.in_flight + self.posted_recvs == 0 {
+            return;
+        }
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        if self.v().qp.modify(&attr).is_err() {
+            return;
+        }
+        let until = Instant::now() + QUIESCE_WITHIN;
+        while self.in_flight + self.posted_recvs > 0 && Instant::now() < until {
+            let mut got = vec![];
+            if let Ok(poller) = self.v().cq.start_poll() {
+                got.extend(poller.map(|wc| wc.wr_id()));
+            }
+            if got.is_empty() {
+                std::thread::sleep(LONGEST_NAP);
+            }
+            for wr_id in got {
+                self.retire(wr_id);
+            }
+        }
+    }
+
+    /// Quiesce, then release the verbs objects: the QP, then the memory regions, the CQ and
+    /// the PD (the field order of [`Verbs`]).
+    fn release_verbs(&mut self) {
+        #[cfg(feature = "bug-injection")]
+        {
+            use crate::injected::{is, Bug};
+            if is(Bug::DeregUnderPostedReceive) {
+                // Test-only: the receive buffer's region goes first, under its posted receives.
+                if let Some(Verbs {
+                    qp,
+                    send_mr,
+                    recv_mr,
+                    write_mr,
+                    cq,
+                    _pd,
+                }) = self.verbs.take()
+                {
+                    drop(recv_mr);
+                    self.verbs = Some(Verbs {
+                        qp,
+                        send_mr,
+                        recv_mr: Arc::clone(&write_mr),
+                        write_mr,
+                        cq,
+                        _pd,
+                    });
+                }
+            }
+            if is(Bug::DestroyWithReceivesPosted) {
+                // Test-only: no flush; the QP goes with its receives still posted.
+                drop(self.verbs.take());
+                return;
+            }
+        }
+        self.quiesce();
+        drop(self.verbs.take());
     }
 
     /// Has the peer disconnected? The active side reads its own CM channel (without blocking);
@@ -1093,6 +1200,6 @@ impl Drop for RcConnection {
     fn drop(&mut self) {
         self.disconnect();
         // The QP and regions before the memory they point into.
-        drop(self.verbs.take());
+        self.release_verbs();
     }
 }

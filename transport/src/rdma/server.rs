@@ -86,7 +86,16 @@ struct Shared {
     /// Longest registry-lock wait of the stats thread, and longest worker exit (nanoseconds).
     stats_max_lock_wait_ns: AtomicU64,
     max_worker_exit_ns: AtomicU64,
+    /// Test-only ([`crate::injected::Bug::BuffersToPoolBeforeJoin`]): a second owner of each
+    /// connection's buffers, and the joins done off the CM thread.
+    #[cfg(feature = "bug-injection")]
+    early: Mutex<EarlyReturns>,
 }
+
+/// Test-only: per connection, the pool's second owner of its buffers; and the joins done
+/// later, off the CM thread.
+#[cfg(feature = "bug-injection")]
+type EarlyReturns = (HashMap<usize, Buffers>, Vec<JoinHandle<()>>);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -131,6 +140,8 @@ impl RdmaServer {
             live_messages: Mutex::new(HashMap::new()),
             stats_max_lock_wait_ns: AtomicU64::new(0),
             max_worker_exit_ns: AtomicU64::new(0),
+            #[cfg(feature = "bug-injection")]
+            early: Mutex::default(),
         });
         let cm = {
             let shared = Arc::clone(&shared);
@@ -202,6 +213,18 @@ impl RdmaServer {
         for id in ids {
             disconnect(&self.shared, id);
         }
+        #[cfg(feature = "bug-injection")]
+        {
+            let joins = std::mem::take(&mut lock(&self.shared.early).1);
+            for join in joins {
+                let _ = join.join();
+            }
+            // Aliases of connections that never disconnected: their buffers were freed with
+            // the connection, so these are forgotten (test-only memory, leaked on purpose).
+            for (_, alias) in lock(&self.shared.early).0.drain() {
+                std::mem::forget(alias);
+            }
+        }
         if let Some(stats) = self.stats.take() {
             let _ = stats.join();
         }
@@ -215,7 +238,7 @@ impl Drop for RdmaServer {
 }
 
 /// The DAQIRI order: signal, take out under the lock, release, join, then return buffers.
-fn disconnect(shared: &Shared, key: usize) {
+fn disconnect(shared: &Arc<Shared>, key: usize) {
     let signalled = Instant::now();
     let mut registry = lock(&shared.registry);
     let Some(worker) = registry.remove(&key) else {
@@ -233,10 +256,29 @@ fn disconnect(shared: &Shared, key: usize) {
     let Worker {
         handle, interface, ..
     } = worker;
+    #[cfg(feature = "bug-injection")]
+    if crate::injected::is(crate::injected::Bug::BuffersToPoolBeforeJoin) {
+        // DAQIRI's pool half, test-only: the buffers go back first, the join happens later
+        // (off the CM thread, which goes on accepting), and the joined connection's own copy
+        // is forgotten.
+        if let Some(alias) = lock(&shared.early).0.remove(&key) {
+            lock(&shared.pool).push(alias);
+        }
+        let shared2 = Arc::clone(shared);
+        let join = std::thread::spawn(move || {
+            let joined = handle.join().map(|(conn, n, first)| {
+                std::mem::forget(conn.into_buffers());
+                (n, first)
+            });
+            account_for_worker(&shared2, key, interface, joined, signalled);
+        });
+        lock(&shared.early).1.push(join);
+        return;
+    }
     finish_disconnect(shared, key, interface, handle.join(), signalled);
 }
 
-/// After the join: account for the worker and return its buffers to the pool.
+/// After the join: return the worker's buffers to the pool, and account for it.
 fn finish_disconnect(
     shared: &Shared,
     key: usize,
@@ -244,21 +286,34 @@ fn finish_disconnect(
     joined: std::thread::Result<(RcConnection, u64, Vec<u8>)>,
     signalled: Instant,
 ) {
+    let joined = joined.map(|(conn, messages, first_message)| {
+        shared
+            .completion_errors
+            .fetch_add(conn.counts().errors(), Ordering::Relaxed);
+        // Only the joined thread could hand the connection back; its buffers go back to the
+        // pool after its QP and memory regions are gone.
+        lock(&shared.pool).push(conn.into_buffers());
+        (messages, first_message)
+    });
+    account_for_worker(shared, key, interface, joined, signalled);
+}
+
+fn account_for_worker(
+    shared: &Shared,
+    key: usize,
+    interface: usize,
+    joined: std::thread::Result<(u64, Vec<u8>)>,
+    signalled: Instant,
+) {
     let exit_ns = signalled.elapsed().as_nanos().min(u64::MAX as u128) as u64;
     shared
         .max_worker_exit_ns
         .fetch_max(exit_ns, Ordering::Relaxed);
-    let Ok((conn, messages, first_message)) = joined else {
+    let Ok((messages, first_message)) = joined else {
         return;
     };
     shared.joined.fetch_add(1, Ordering::Relaxed);
-    shared
-        .completion_errors
-        .fetch_add(conn.counts().errors(), Ordering::Relaxed);
     lock(&shared.live_messages).remove(&key);
-    // Only the joined thread could hand the connection back; its buffers go back to the pool
-    // after its QP and memory regions are gone.
-    lock(&shared.pool).push(conn.into_buffers());
     lock(&shared.served).push(Served {
         interface,
         first_message,
@@ -304,11 +359,26 @@ fn cm_loop(
                     shared.rejected.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
+                #[cfg(feature = "bug-injection")]
+                if crate::injected::is(crate::injected::Bug::BuffersToPoolBeforeJoin) {
+                    // SAFETY: test-only and deliberately unsound (the bug): the pool gets this
+                    // second owner at disconnect, and the connection's own copy is forgotten.
+                    let alias = unsafe { buffers.alias() };
+                    if let Some(old) = lock(&shared.early).0.insert(key, alias) {
+                        std::mem::forget(old);
+                    }
+                }
                 match accept(Arc::clone(&id), opts.rc, buffers) {
                     Ok(conn) => {
                         pending.insert(key, (conn, interface));
                     }
-                    Err((_, Some(buffers))) => lock(&shared.pool).push(buffers),
+                    Err((_, Some(buffers))) => {
+                        #[cfg(feature = "bug-injection")]
+                        if let Some(alias) = lock(&shared.early).0.remove(&key) {
+                            std::mem::forget(alias);
+                        }
+                        lock(&shared.pool).push(buffers)
+                    }
                     Err((_, None)) => {}
                 }
             }

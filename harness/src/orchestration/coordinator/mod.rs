@@ -21,9 +21,9 @@ use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
 use crate::model::failure::Failure;
 use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb};
-use crate::orchestration::audit;
 use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::{RankGroup, StepLimits};
+use crate::orchestration::{audit, verbs_audit};
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::{Step, StruckFault};
 
@@ -196,7 +196,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         } else {
             JOIN_TIMEOUT
         },
-        pids: (!group.is_remote() && tracing.is_none())
+        pids: (!group.is_remote() && !tracing.as_ref().is_some_and(Tracing::strace))
             .then(|| (0..plan.ranks).map(|r| group.pid(r).unwrap_or(0)).collect()),
         host_of: (0..plan.ranks).map(|r| plan.placement.host_of(r)).collect(),
     };
@@ -215,8 +215,11 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     }
     group.kill_all();
     outcome.leftovers.extend(group.leftovers());
-    if tracing.is_some() {
+    if tracing.as_ref().is_some_and(Tracing::strace) {
         attempt.audit = audit_traces(plan, &group, outcome.hang.is_some());
+    }
+    if tracing.as_ref().is_some_and(Tracing::verbs) {
+        attempt.audit.extend(audit_verbs_traces(plan, &group));
     }
     // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
     unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
@@ -407,23 +410,77 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
             }
         };
         let violations = audit::analyse(&text, &checks);
-        let shown = violations.len().min(MAX_VIOLATIONS_SHOWN);
-        for v in &violations[..shown] {
-            found.push(violation(
-                rank,
-                format!("rank {rank}: {v}\n    (trace: {})", path.display()),
-            ));
+        report_violations(
+            &mut found,
+            rank,
+            &format!("rank {rank}"),
+            &violations,
+            &path,
+        );
+    }
+    found
+}
+
+/// A rank's violations as failures (the first few, then how many more), each naming its trace.
+fn report_violations(
+    found: &mut Vec<Failure>,
+    rank: u32,
+    label: &str,
+    violations: &[impl std::fmt::Display],
+    trace: &std::path::Path,
+) {
+    let shown = violations.len().min(MAX_VIOLATIONS_SHOWN);
+    for v in &violations[..shown] {
+        found.push(violation(
+            rank,
+            format!("{label}: {v}\n    (trace: {})", trace.display()),
+        ));
+    }
+    if violations.len() > shown {
+        found.push(violation(
+            rank,
+            format!(
+                "{label}: {} more violations in {}",
+                violations.len() - shown,
+                trace.display()
+            ),
+        ));
+    }
+}
+
+/// The verbs audit's violations in every trace the ranks' processes wrote. A run in which no
+/// process of any rank touched verbs proves nothing, and says so.
+fn audit_verbs_traces(plan: &Plan, group: &RankGroup) -> Vec<Failure> {
+    let mut found = vec![];
+    let mut traces = 0;
+    for rank in 0..plan.ranks {
+        let files = match group.fetch_verbs_traces(rank) {
+            Ok(f) => f,
+            Err(e) => {
+                found.push(violation(
+                    rank,
+                    format!("rank {rank}'s verbs traces could not be read: {e:#}"),
+                ));
+                continue;
+            }
+        };
+        for (path, text) in files {
+            traces += 1;
+            let violations = verbs_audit::analyse(&text);
+            let exe = text
+                .lines()
+                .next()
+                .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("exe=")))
+                .unwrap_or("?");
+            let label = format!("rank {rank} ({exe}) verbs");
+            report_violations(&mut found, rank, &label, &violations, &path);
         }
-        if violations.len() > shown {
-            found.push(violation(
-                rank,
-                format!(
-                    "rank {rank}: {} more violations in {}",
-                    violations.len() - shown,
-                    path.display()
-                ),
-            ));
-        }
+    }
+    if traces == 0 && found.is_empty() {
+        found.push(Failure::AuditViolation {
+            rank: None,
+            detail: "the verbs audit saw no verbs call in any rank or program they started: an audit that saw nothing proves nothing".into(),
+        });
     }
     found
 }

@@ -1,0 +1,75 @@
+//! Builds the verbs observer (`verbs-audit/wringer_verbs.c`), the library the verbs audit
+//! preloads into RDMA ranks, and its lookup scope (`verbs-audit/scope.c`), and embeds both in
+//! `wringer`: a rank writes them out on its own host. Without libibverbs' and librdmacm's
+//! headers they are left out, and the audit says so when asked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    for src in ["verbs-audit/wringer_verbs.c", "verbs-audit/scope.c"] {
+        println!("cargo:rerun-if-changed={src}");
+    }
+    println!("cargo:rerun-if-env-changed=CC");
+    println!("cargo:rustc-check-cfg=cfg(verbs_observer)");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    // Linked against libibverbs and librdmacm, so that they are in every observed process's
+    // global scope, where the wrappers find the real functions (RTLD_NEXT).
+    let observer = compile(
+        &cc,
+        &out,
+        "verbs-audit/wringer_verbs.c",
+        "libwringer-verbs.so",
+        &[
+            "-fvisibility=hidden",
+            "-Wl,-soname,libwringer-verbs.so",
+            // Kept although no call names them: the wrappers reach them by dlsym.
+            "-Wl,--no-as-needed",
+            "-libverbs",
+            "-lrdmacm",
+            "-ldl",
+            "-lpthread",
+        ],
+    );
+    // Needs the observer by its soname: the one already preloaded is the one it gets.
+    let scope = observer.and_then(|()| {
+        let dir = format!("-L{}", out.display());
+        compile(
+            &cc,
+            &out,
+            "verbs-audit/scope.c",
+            "libwringer-verbs-scope.so",
+            &[
+                "-Wl,--no-as-needed",
+                &dir,
+                "-lwringer-verbs",
+                "-libverbs",
+                "-lrdmacm",
+            ],
+        )
+    });
+    match scope {
+        Ok(()) => println!("cargo:rustc-cfg=verbs_observer"),
+        Err(why) => println!(
+            "cargo:warning=the verbs observer did not build ({why}): install libibverbs-dev and librdmacm-dev; the verbs audit is off in this build"
+        ),
+    }
+}
+
+fn compile(cc: &str, out: &Path, src: &str, name: &str, extra: &[&str]) -> Result<(), String> {
+    let status = Command::new(cc)
+        .args([
+            "-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-o",
+        ])
+        .arg(out.join(name))
+        .arg(src)
+        .args(extra)
+        .status()
+        .map_err(|e| format!("{cc}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cc} exited {status} on {src}"))
+    }
+}
