@@ -51,10 +51,11 @@ nightly hosts="": build-deps (apt "sockperf" "iperf3")
 validate:
     cargo run -q -p wringer -- validate scenarios hosts/local.yaml hosts/containers.yaml hosts/rxe.yaml hosts/rxe-vm.yaml hosts/rxe-vm-pair.yaml hosts/slurm-containers.yaml hosts/slurm/hold.yaml hosts/slurm/watchdog.yaml
 
-# The programs the exec scenarios run: Debian's Gloo, libfabric and UCX, and wringer-gloo (a small driver for the real Gloo, external/gloo) built into target/external.
-external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++")
+# The programs the exec scenarios run: Debian's Gloo, libfabric and UCX, and wringer-gloo (a small driver for the real Gloo, external/gloo) built into target/external; also verbs_teardown, the verbs audit's C fixture.
+external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++" "libibverbs-dev")
     mkdir -p target/external
     g++ -O2 -std=c++17 -Wall -Wextra -Werror -o target/external/wringer-gloo external/gloo/wringer_gloo.cc -lgloo -pthread
+    gcc -O2 -Wall -Wextra -Werror -o target/external/verbs_teardown harness/tests/fixtures/broken/verbs_teardown.c -libverbs
 
 # The torch releases the torch scenarios run against, each in a venv under target/torch/: the newest, and the oldest whose ProcessGroupGloo honours TORCH_GLOO_LAZY_INIT (2.8.0; 2.7.1 and older do not have it). Also your own builds: `just external-torch path/to/torch-*.whl`. Idempotent: installs only the missing ones. Installs wringer-torch (the driver, external/torch) into target/external.
 external-torch *wheels="": (apt "python3-venv")
@@ -131,14 +132,25 @@ rdma-blind-spot: build-deps setup-rxe
     grep -h "stats_max_lock_wait\|lock" $out/with-bug/summary.md || true
     if [ $with = 1 ] && [ $without = 0 ]; then echo "rdma-blind-spot: caught with the bug, passed without"; else echo "rdma-blind-spot: with the bug exit $with (want 1), without exit $without (want 0)"; exit 1; fi
 
-# The verbs audit against three RDMA lifecycle bugs switched into the transport (a bug-injection build): with each one, rdma-graceful-shutdown must fail in the soft-RoCE VM with the audit naming its invariant.
-rdma-verbs-bugs: build-deps setup-rxe
+# The verbs audit against RDMA lifecycle bugs in the soft-RoCE VM: a broken C verbs program (harness/tests/fixtures/broken/verbs_teardown.c) is flagged and its correct twin is not; then three bugs switched into the transport (a bug-injection build) each make rdma-graceful-shutdown fail with the audit naming its invariant.
+rdma-verbs-bugs: build-deps setup-rxe external
     #!/usr/bin/env bash
     set -uo pipefail
-    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p wringer --features wringer/bug-injection || exit 2
-    w=target/bug-injection/release/wringer
     out=reports/rdma-verbs-bugs
     status=0
+    cargo build --release -q -p wringer || exit 2
+    target/release/wringer run --hosts hosts/rxe-vm.yaml --report-dir $out/fixture harness/tests/fixtures/exec/verbs-teardown-*.yaml
+    python3 - $out/fixture/results.json <<'PY' || status=1
+    import json, sys
+    got = {s["name"]: s for s in json.load(open(sys.argv[1]))["scenarios"]}
+    broken, correct = got["verbs-teardown-broken"], got["verbs-teardown-correct"]
+    text = json.dumps(broken["evidence"])
+    ok = broken["verdict"] == "fail" and "verbs: mr-dereg-under-posted-wr" in text and correct["verdict"] == "pass"
+    print(f"rdma-verbs-bugs: the C fixture is {broken['verdict']}, its correct twin {correct['verdict']}" + ("" if ok else " (want fail naming mr-dereg-under-posted-wr, and pass)"))
+    sys.exit(0 if ok else 1)
+    PY
+    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p wringer --features wringer/bug-injection || exit 2
+    w=target/bug-injection/release/wringer
     for pair in destroy-with-receives-posted:qp-destroyed-with-outstanding-wrs dereg-under-posted-receive:mr-dereg-under-posted-wr buffers-to-pool-before-join:memory-reused-under-posted-wr; do
         bug=${pair%%:*}; check=${pair#*:}
         WRINGER_TRANSPORT_BUG=$bug $w run --hosts hosts/rxe-vm.yaml --report-dir $out/$bug scenarios/rdma-graceful-shutdown.yaml

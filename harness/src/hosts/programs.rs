@@ -23,6 +23,16 @@ pub fn remote_folder(remote_exe: &str) -> String {
     format!("{dir}/external")
 }
 
+/// Where a rank on a remote host looks for shipped programs, as a PATH: the same two places as
+/// [`shipped_folders`] (a VM runs this machine's build, whose programs lie in `target/external`).
+pub fn remote_search_path(remote_exe: &str) -> String {
+    let dir = Path::new(remote_exe)
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| ".".into());
+    format!("{dir}/external:{dir}/../external")
+}
+
 /// The folders of shipped programs that exist here, nearest first.
 pub fn shipped_folders() -> Vec<PathBuf> {
     let Ok(exe) = std::env::current_exe() else {
@@ -95,6 +105,10 @@ mod tests {
         assert_eq!(
             remote_folder("/root/.cache/wringer/wringer-0.1.0-abcd"),
             "/root/.cache/wringer/external"
+        );
+        assert_eq!(
+            remote_search_path("/work/target/release/wringer"),
+            "/work/target/release/external:/work/target/release/../external"
         );
     }
 }

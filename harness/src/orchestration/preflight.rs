@@ -62,7 +62,7 @@ fn local(need: &Preflight) -> Result<(), String> {
 
 fn remote(need: &Preflight, host: &RemoteHost) -> Result<(), String> {
     let target = &host.target;
-    let shipped = programs::remote_folder(&host.exe);
+    let shipped = programs::remote_search_path(&host.exe);
     let (words, why): (Vec<&str>, String) = match need {
         Preflight::Program { name, package } => (
             vec![
