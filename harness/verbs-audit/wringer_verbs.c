@@ -40,6 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <malloc.h>
+
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
@@ -219,6 +221,10 @@ static struct {
 	const void *mr;
 	uintptr_t lo, hi;
 } mrs[MRS];
+/* Slots in use are below `mrs_used`; every live range lies inside [envelope_lo, envelope_hi),
+ * so most frees (and unmaps) are told apart without the lock. */
+static int mrs_used;
+static atomic_uintptr_t envelope_lo = UINTPTR_MAX, envelope_hi;
 
 static void mr_range(const void *mr, uintptr_t lo, size_t len)
 {
@@ -228,16 +234,26 @@ static void mr_range(const void *mr, uintptr_t lo, size_t len)
 			mrs[i].mr = len ? mr : NULL;
 			mrs[i].lo = lo;
 			mrs[i].hi = lo + len;
+			if (i >= mrs_used)
+				mrs_used = i + 1;
 			break;
 		}
+	if (len) {
+		if (lo < atomic_load(&envelope_lo))
+			atomic_store(&envelope_lo, lo);
+		if (lo + len > atomic_load(&envelope_hi))
+			atomic_store(&envelope_hi, lo + len);
+	}
 	pthread_mutex_unlock(&lock);
 }
 
 static int overlaps_mr(uintptr_t lo, size_t len)
 {
+	if (lo >= atomic_load(&envelope_hi) || lo + len <= atomic_load(&envelope_lo))
+		return 0;
 	int hit = 0;
 	pthread_mutex_lock(&lock);
-	for (int i = 0; i < MRS && !hit; i++)
+	for (int i = 0; i < mrs_used && !hit; i++)
 		hit = mrs[i].mr && mrs[i].lo < lo + len && lo < mrs[i].hi;
 	pthread_mutex_unlock(&lock);
 	return hit;
@@ -829,6 +845,29 @@ EXPORT void *dlopen(const char *file, int mode)
 	if (!wrapped)
 		emit(LIFECYCLE, "unwrapped library=%s why=scope-not-loaded", file);
 	return wrapped ? wrapped : lib;
+}
+
+/* Heap memory inside a registered range, freed: the checker judges it like an unmap. Resolving
+ * the real free may itself free (dlsym's error buffer): until it is known, glibc's own is used. */
+extern void __libc_free(void *);
+static __thread int resolving_free;
+
+EXPORT void free(void *p)
+{
+	static void (*real_free)(void *);
+	if (!real_free) {
+		if (resolving_free) {
+			__libc_free(p);
+			return;
+		}
+		resolving_free = 1;
+		void *fn = dlsym(RTLD_NEXT, "free");
+		resolving_free = 0;
+		real_free = fn ? (void (*)(void *))fn : __libc_free;
+	}
+	if (p && trace_fd >= 0 && overlaps_mr((uintptr_t)p, 1))
+		emit(LIFECYCLE, "free addr=0x%lx len=%zu", (unsigned long)p, malloc_usable_size(p));
+	real_free(p);
 }
 
 /* A program (wringer's rank) marks its steps, so leaks are judged per step. */

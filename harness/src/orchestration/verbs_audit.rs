@@ -158,6 +158,8 @@ struct Posted {
 #[derive(Debug)]
 struct Qp {
     qpn: u32,
+    /// The shared receive queue its receives come from, if any.
+    srq: Option<String>,
     pd: String,
     cqs: [String; 2],
     state: u32,
@@ -309,13 +311,17 @@ impl<'a> Checker<'a> {
                     self.mrs.remove(&mr);
                 }
             }
-            "munmap" => {
+            "munmap" | "free" => {
                 let (lo, len) = (l.num("addr").unwrap_or(0), l.num("len").unwrap_or(0));
                 self.memory_gone(lo, len, i);
             }
             "qp-create" => {
                 let qp = Qp {
                     qpn: l.num("qpn").unwrap_or(0) as u32,
+                    srq: l
+                        .get("srq")
+                        .filter(|s| *s != "(nil)" && *s != "0x0")
+                        .map(str::to_string),
                     pd: key("pd"),
                     cqs: [key("scq"), key("rcq")],
                     state: QPS_RESET,
@@ -433,7 +439,7 @@ impl<'a> Checker<'a> {
             .collect();
         if let Some((line, wr)) = under.first() {
             let message = format!(
-                "memory 0x{lo:x}+{len} unmapped while {} posted WR(s) still point into it, first wr {wr}",
+                "memory 0x{lo:x}+{len} freed or unmapped while {} posted WR(s) still point into it, first wr {wr}",
                 under.len()
             );
             self.report("memory-freed-under-posted-wr", message, vec![*line, i]);
@@ -675,6 +681,14 @@ impl<'a> Checker<'a> {
                 }
                 if n == 0 && status == WC_SUCCESS && !recv_op {
                     break;
+                }
+            }
+            if first_post.is_none() && (recv_op || status != WC_SUCCESS) {
+                // A receive taken from the QP's shared receive queue.
+                if let Some(v) = q.srq.as_ref().and_then(|s| self.srq_posted.get_mut(s)) {
+                    if let Some(at) = v.iter().position(|p| p.wr == wr) {
+                        first_post = Some(v.remove(at).line);
+                    }
                 }
             }
             if status != WC_SUCCESS && status != WC_WR_FLUSH_ERR {

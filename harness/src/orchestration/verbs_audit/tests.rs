@@ -115,6 +115,10 @@ fn a_qp_destroyed_with_receives_posted_says_whether_it_was_flushed() {
 fn unmapped_and_reused_memory_under_a_posted_receive_are_violations() {
     assert!(checks(&format!("{SETUP}\n10 munmap addr=0x1000 len=8192"))
         .contains(&"memory-freed-under-posted-wr"));
+    assert!(checks(&format!("{SETUP}\n10 free addr=0x1400 len=64"))
+        .contains(&"memory-freed-under-posted-wr"));
+    assert!(!checks(&format!("{SETUP}\n10 free addr=0x1800 len=64"))
+        .contains(&"memory-freed-under-posted-wr"));
     // A second QP (another connection) posts into the first one's receive slot.
     let reuse = format!(
         "{SETUP}
@@ -256,4 +260,23 @@ fn many_violations_of_one_kind_are_capped_and_counted() {
         .collect();
     assert_eq!(dead.len(), PER_CHECK + 1, "{v:#?}");
     assert!(dead.last().unwrap().message.starts_with("7 more"));
+}
+
+#[test]
+fn a_receive_from_a_shared_receive_queue_completes_through_its_qp() {
+    let body = format!(
+        "{SETUP}
+        10 srq-create srq=0x51 pd=0xd
+        10 qp-create qp=0x2f qpn=18 pd=0xd scq=0xe rcq=0xe srq=0x51 type=2 ex=0
+        10 post-srq-recv call=7 srq=0x51 qpn=0 wr=77 sge=0x1800+1024/5
+        10 wc cq=0xe qpn=18 wr=77 status=0 op=128 len=10 vendor=0
+        10 mr-dereg mr=0xa"
+    );
+    // The SRQ's receive completed (through QP 18), so only the ring of QP 17 is still under it.
+    let v = analyse(&trace(&body));
+    let d = v
+        .iter()
+        .find(|v| v.check == "mr-dereg-under-posted-wr")
+        .unwrap();
+    assert!(d.message.contains("while 2 posted WR(s)"), "{d}");
 }
