@@ -59,12 +59,15 @@ fn a_short_read_on_the_large_payload_path_taken_as_a_frame_fails_exact_reads() {
 #[test]
 fn a_receiver_that_reads_after_teardown_raises_the_ebadf_count_without_the_audit() {
     // The read errors of a stopped receiver are counted by kind, never folded into a normal
-    // local close, so the outcome check can fail too.
+    // local close, so the outcome check can fail too. On a loaded machine another thread of the
+    // rank may take the closed number first: then the step's own check sees the descriptor
+    // open after teardown (someone else's now), which is the same bug seen from the other side.
     let file = "scenarios/tcp-teardown-cycles.yaml";
     let (code, failures) = run_with(file, "use-after-close", "ebadf", &["--no-audit"]);
     assert_eq!(code, 1);
     assert!(
-        failures.iter().any(|f| f.contains("`ebadf` on rank 0")),
+        failures.iter().any(|f| f.contains("`ebadf` on rank 0")
+            || (f.contains("rank 0 step 0") && f.contains("is still open after teardown"))),
         "{failures:#?}"
     );
 }
