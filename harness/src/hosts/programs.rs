@@ -14,22 +14,23 @@ pub fn missing(name: &str, package: Option<&str>) -> String {
     }
 }
 
-/// The folder of shipped programs on a remote host, beside the deployed binary.
-pub fn remote_folder(remote_exe: &str) -> String {
-    let dir = Path::new(remote_exe)
+/// The folder holding the deployed binary on a remote host.
+fn remote_dir(remote_exe: &str) -> String {
+    Path::new(remote_exe)
         .parent()
         .map(|p| p.display().to_string())
-        .unwrap_or_else(|| ".".into());
-    format!("{dir}/external")
+        .unwrap_or_else(|| ".".into())
+}
+
+/// The folder of shipped programs on a remote host, beside the deployed binary.
+pub fn remote_folder(remote_exe: &str) -> String {
+    format!("{}/external", remote_dir(remote_exe))
 }
 
 /// Where a rank on a remote host looks for shipped programs, as a PATH: the same two places as
 /// [`shipped_folders`] (a VM runs this machine's build, whose programs lie in `target/external`).
 pub fn remote_search_path(remote_exe: &str) -> String {
-    let dir = Path::new(remote_exe)
-        .parent()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| ".".into());
+    let dir = remote_dir(remote_exe);
     format!("{dir}/external:{dir}/../external")
 }
 
