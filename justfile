@@ -168,7 +168,7 @@ test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
     if grep -q '^kind: rxe-vm' {{hosts}}; then just setup-rxe; fi
     cargo run --release -q -p wringer --bin wringer -- run --hosts {{hosts}} --filter rdma {{args}}
 
-# The cross-host scenarios against an inventory over SSH (default: three local container hosts; where the kernel has no RDMA device, the RDMA pair runs between two soft-RoCE VMs, the containers profile's `rdma_vm:`).
+# The cross-host scenarios (`--filter xhost`: named so, or `requires: [xhost]`) against an inventory over SSH (default: three local container hosts; where the kernel has no RDMA device, the RDMA pair runs between two soft-RoCE VMs, the containers profile's `rdma_vm:`, with the faults on the RoCE wire).
 test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-client") external rxe-if-needed
     #!/usr/bin/env bash
     set -uo pipefail

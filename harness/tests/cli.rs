@@ -138,6 +138,16 @@ fn broken_yaml_is_exit_two_with_file_line_and_column() {
             ":11:5:",
             "fault at `midstream`: no step reaches that point, so the fault would never strike; its steps report `mid-stream`",
         ),
+        (
+            "qp-error-unobserved.yaml",
+            ":7:5:",
+            "a `qp-error` fault moves the rank's QPs through the verbs observer: add `audit: [verbs-lifecycle]`",
+        ),
+        (
+            "wire-loss-out-of-range.yaml",
+            ":7:5:",
+            "fault: percent must be 1..=99, got 100 (all packets: `roce-blackhole`)",
+        ),
     ] {
         let path = fixture(file);
         let out = run_to_end(wringer(

@@ -23,6 +23,10 @@
  *
  * The trace goes to $WRINGER_VERBS_TRACE.<pid>.verbs, opened at the first event, so processes
  * that never touch verbs (a shell the program starts) leave no file.
+ *
+ * The `qp-error` fault: once a process has a QP, a thread watches for the file
+ * $WRINGER_VERBS_TRACE.qp-error; when the harness creates it, every live QP of the process is
+ * moved to the error state (through ibv_modify_qp, so the trace shows it), once.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -510,8 +514,74 @@ static void wrap_qpx(struct ibv_qp *qp)
 		emit(LIFECYCLE, "unwrapped qp=%p why=table-full", (void *)qp);
 }
 
+/* ---- live QPs, for the qp-error fault ---- */
+
+#define LIVE_QPS 4096
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ibv_qp *live[LIVE_QPS];
+static pid_t watcher_pid;
+
+static void *qp_error_watcher(void *arg)
+{
+	const char *path = arg;
+	pthread_setname_np(pthread_self(), "wringer-qp-err");
+	struct timespec tick = {0, 5 * 1000 * 1000};
+	while (access(path, F_OK) != 0)
+		nanosleep(&tick, NULL);
+	/* Under live_lock, so that no QP is destroyed while it is being moved (ibv_destroy_qp
+	 * takes it off the list first). */
+	pthread_mutex_lock(&live_lock);
+	for (int i = 0; i < LIVE_QPS; i++) {
+		if (!live[i])
+			continue;
+		struct ibv_qp_attr attr;
+		memset(&attr, 0, sizeof attr);
+		attr.qp_state = IBV_QPS_ERR;
+		emit(LIFECYCLE, "fault what=qp-error qp=%p qpn=%u", (void *)live[i], live[i]->qp_num);
+		ibv_modify_qp(live[i], &attr, IBV_QP_STATE);
+	}
+	pthread_mutex_unlock(&live_lock);
+	return NULL;
+}
+
+static void live_add(struct ibv_qp *qp)
+{
+	pthread_mutex_lock(&live_lock);
+	for (int i = 0; i < LIVE_QPS; i++) {
+		if (!live[i]) {
+			live[i] = qp;
+			break;
+		}
+	}
+	pid_t pid = getpid();
+	if (watcher_pid != pid) {
+		/* One watcher per process (a forked child starts its own). */
+		watcher_pid = pid;
+		const char *prefix = getenv("WRINGER_VERBS_TRACE");
+		static char path[4096];
+		if (prefix && *prefix) {
+			snprintf(path, sizeof path, "%s.qp-error", prefix);
+			pthread_t t;
+			if (pthread_create(&t, NULL, qp_error_watcher, path) == 0)
+				pthread_detach(t);
+		}
+	}
+	pthread_mutex_unlock(&live_lock);
+}
+
+static void live_remove(struct ibv_qp *qp)
+{
+	pthread_mutex_lock(&live_lock);
+	for (int i = 0; i < LIVE_QPS; i++) {
+		if (live[i] == qp)
+			live[i] = NULL;
+	}
+	pthread_mutex_unlock(&live_lock);
+}
+
 static void qp_line(struct ibv_qp *qp, struct ibv_pd *pd, int ex)
 {
+	live_add(qp);
 	emit(LIFECYCLE, "qp-create qp=%p qpn=%u pd=%p scq=%p rcq=%p srq=%p type=%d ex=%d", (void *)qp,
 	     qp->qp_num, (void *)pd, (void *)qp->send_cq, (void *)qp->recv_cq, (void *)qp->srq,
 	     qp->qp_type, ex);
@@ -744,6 +814,7 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
 	REAL(int, ibv_destroy_qp, struct ibv_qp *);
+	live_remove(qp);
 	emit(LIFECYCLE, "qp-destroy qp=%p qpn=%u", (void *)qp, qp->qp_num);
 	int ret = real_ibv_destroy_qp(qp);
 	if (ret)

@@ -50,7 +50,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         profile: &profile,
         facts: &facts,
         strict: false,
-        host_control: profile.host_control(),
+        strikes: profile.strikes(),
         no_audit: false,
     };
     for l in super::scenarios::load_all(&paths)? {

@@ -18,7 +18,7 @@ pub struct Args {
     /// Where to write the report (default: reports/<run-id>/).
     #[arg(long)]
     pub report_dir: Option<PathBuf>,
-    /// Only scenarios whose name contains this text.
+    /// Only scenarios whose name contains this text, or that require it (`xhost`, `rdma`).
     #[arg(long)]
     pub filter: Option<String>,
     /// Override every scenario's repeat count (1 to 10,000).

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 
 use crate::hosts::shell::HostShell;
 use crate::hosts::slurm::Slurm;
-use crate::model::scenario::FaultAction;
+use crate::model::scenario::{FaultAction, Strikes};
 
 /// Where the rendezvous listens here, and the address ranks are told to reach it at (the
 /// same, except where the hosts see this machine under another address).
@@ -77,21 +77,35 @@ pub trait Backend: Send + Sync {
 
     fn launch(&self) -> Launch<'_>;
 
-    /// Whether host-level faults (kill, freeze, link cut, rate limit) can be struck here.
-    fn can_strike(&self) -> bool {
-        false
+    /// The fault planes that can be struck here: whole hosts (kill, freeze, link cut, rate
+    /// limit), the RoCE wire (loss, delay, reorder, corruption, blackhole, port down).
+    fn strikes(&self) -> Strikes {
+        Strikes::default()
     }
 
-    /// Strike a host-level fault on host `host`.
-    fn strike(&self, action: FaultAction, host: usize) -> Result<()> {
+    /// Strike a host-level or wire fault on host `host`; `seed` fixes any pattern it has.
+    fn strike(&self, action: FaultAction, host: usize, seed: u64) -> Result<()> {
+        let _ = seed;
         bail!(
-            "{} hosts cannot take the host-level fault {action:?} (host {host}): use the containers profile",
+            "{} hosts cannot take the host-level fault {action:?} (host {host}): use the containers profile (host faults) or rxe-vm-pair (wire faults)",
             self.kind()
         )
     }
 
+    /// What the struck faults did, read before they are healed (packets a wire fault matched,
+    /// say): evidence that a fault did strike, one line per host.
+    fn fault_evidence(&self) -> Vec<String> {
+        vec![]
+    }
+
     /// Undo every strike, so the hosts can be reached and used again.
     fn heal(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Once an attempt's processes are gone: put back what healing could not while they
+    /// lived (a VM's rxe device after its link went down).
+    fn renew(&self) -> Result<()> {
         Ok(())
     }
 
@@ -171,8 +185,8 @@ mod tests {
     #[test]
     fn a_backend_without_host_control_refuses_a_host_fault_by_name() {
         let local = LocalHost;
-        assert!(!local.can_strike());
-        let why = local.strike(FaultAction::HostKill, 0).unwrap_err();
+        assert_eq!(local.strikes(), Strikes::default());
+        let why = local.strike(FaultAction::HostKill, 0, 1).unwrap_err();
         assert!(why.to_string().contains("local hosts cannot"), "{why}");
         assert!(local.heal().is_ok());
         assert_eq!(local.host_of(7), 0);

@@ -19,7 +19,7 @@ use crate::hosts::slurm::profile::SlurmSpec;
 use crate::hosts::slurm::{BindRule, Slurm};
 use crate::hosts::ssh::{deploy, deploy_shipped, SshTarget};
 use crate::hosts::vm::{self, VmHosts};
-use crate::model::scenario::FaultAction;
+use crate::model::scenario::{FaultAction, Strikes};
 use serde_saphyr::Spanned;
 
 /// Where a run's ranks go: a prepared backend, shared by the attempts of the run.
@@ -53,11 +53,14 @@ impl Backend for ContainerBackend {
         Launch::PerRank
     }
 
-    fn can_strike(&self) -> bool {
-        true
+    fn strikes(&self) -> Strikes {
+        Strikes {
+            host: true,
+            wire: false,
+        }
     }
 
-    fn strike(&self, action: FaultAction, host: usize) -> Result<()> {
+    fn strike(&self, action: FaultAction, host: usize, _seed: u64) -> Result<()> {
         strike_container(&self.containers, action, host)
     }
 
@@ -75,6 +78,9 @@ fn strike_container(c: &ContainerHosts, action: FaultAction, host: usize) -> Res
         FaultAction::Sigkill | FaultAction::Sigstop => {
             anyhow::bail!("{action:?} is a signal to a rank, not a host fault")
         }
+        wire => anyhow::bail!(
+            "{wire:?} acts on a RoCE wire, which container hosts do not have: use rxe-vm-pair"
+        ),
     }
 }
 
@@ -109,11 +115,14 @@ impl Backend for SlurmBackend {
         Launch::Step(&self.slurm)
     }
 
-    fn can_strike(&self) -> bool {
-        self.cluster.is_some()
+    fn strikes(&self) -> Strikes {
+        Strikes {
+            host: self.cluster.is_some(),
+            wire: false,
+        }
     }
 
-    fn strike(&self, action: FaultAction, host: usize) -> Result<()> {
+    fn strike(&self, action: FaultAction, host: usize, _seed: u64) -> Result<()> {
         let c = self
             .cluster
             .as_ref()
@@ -153,6 +162,30 @@ impl Backend for VmHosts {
 
     fn launch(&self) -> Launch<'_> {
         Launch::PerRank
+    }
+
+    fn strikes(&self) -> Strikes {
+        Strikes {
+            host: false,
+            // One VM's ranks talk through rxe's loopback, which no packet filter sees.
+            wire: self.hosts.len() > 1,
+        }
+    }
+
+    fn strike(&self, action: FaultAction, host: usize, seed: u64) -> Result<()> {
+        self.strike_wire(action, host, seed)
+    }
+
+    fn fault_evidence(&self) -> Vec<String> {
+        self.wire_counters()
+    }
+
+    fn heal(&self) -> Result<()> {
+        self.heal_wires()
+    }
+
+    fn renew(&self) -> Result<()> {
+        self.renew_after_link_down()
     }
 }
 

@@ -234,13 +234,17 @@ impl HostProfile {
         }
     }
 
-    /// Whether its hosts take host-level faults (kill, freeze, link cut, rate limit): hosts
-    /// the harness started itself, as containers.
-    pub fn host_control(&self) -> bool {
-        match &self.backend {
-            BackendSpec::Containers(_) => true,
-            BackendSpec::Slurm { slurm, .. } => slurm.test_cluster.is_some(),
-            _ => false,
+    /// The fault planes its hosts take: host-level faults (kill, freeze, link cut, rate
+    /// limit) on hosts the harness started itself, as containers; wire faults on the
+    /// soft-RoCE VM pair.
+    pub fn strikes(&self) -> crate::model::scenario::Strikes {
+        crate::model::scenario::Strikes {
+            host: match &self.backend {
+                BackendSpec::Containers(_) => true,
+                BackendSpec::Slurm { slurm, .. } => slurm.test_cluster.is_some(),
+                _ => false,
+            },
+            wire: matches!(self.backend, BackendSpec::RxeVmPair(_)),
         }
     }
 }
@@ -531,11 +535,11 @@ mod tests {
     fn each_kind_reads_into_its_own_backend_with_only_its_settings() {
         let local = parsed("name: l\ndescription: d\nkind: local\n").unwrap();
         assert!(matches!(local.backend, BackendSpec::Local));
-        assert_eq!((local.hosts(), local.host_control()), (1, false));
+        assert_eq!((local.hosts(), local.strikes().host), (1, false));
         let c = parsed("name: c\ndescription: d\nkind: containers\ncontainers: { count: 3 }\n")
             .unwrap();
         assert!(matches!(&c.backend, BackendSpec::Containers(s) if s.count == 3));
-        assert_eq!((c.hosts(), c.host_control()), (3, true));
+        assert_eq!((c.hosts(), c.strikes().host), (3, true));
         let pair = parsed("name: v\ndescription: d\nkind: rxe-vm-pair\nvm: { kernel: /boot/k }\n")
             .unwrap();
         assert_eq!((pair.kind(), pair.hosts()), (ProfileKind::RxeVmPair, 2));

@@ -410,12 +410,25 @@ impl RankGroup {
         }
     }
 
+    /// The `qp-error` fault: the verbs observer in each of the rank's processes watches for
+    /// `PREFIX.qp-error` and moves its live QPs to the error state when it appears.
+    pub fn force_qp_error(&self, rank: u32) -> Result<()> {
+        let trigger = format!("{}.qp-error", self.verbs_prefix(rank));
+        match self.target(rank) {
+            None => std::fs::write(&trigger, b"").with_context(|| format!("creating {trigger}")),
+            Some(h) => h
+                .target
+                .check(&["touch", &trigger], Duration::from_secs(10))
+                .map(|_| ()),
+        }
+    }
+
     /// Every verbs trace rank `rank`'s processes wrote (none when none touched verbs), as
     /// (local path, text); remote ones are copied here first.
     pub fn fetch_verbs_traces(&self, rank: u32) -> Result<Vec<(PathBuf, String)>> {
         let prefix = self.verbs_prefix(rank);
         if let Some(h) = self.target(rank) {
-            let script = "for f in \"$1\".*.verbs; do [ -f \"$f\" ] || continue; echo \"@@@ $f\"; cat \"$f\"; rm -f \"$f\"; done; true";
+            let script = "rm -f \"$1\".qp-error; for f in \"$1\".*.verbs; do [ -f \"$f\" ] || continue; echo \"@@@ $f\"; cat \"$f\"; rm -f \"$f\"; done; true";
             let text = h
                 .target
                 .check(

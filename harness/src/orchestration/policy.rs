@@ -9,7 +9,7 @@ use crate::hosts::profile::HostProfile;
 use crate::model::failure::Failure;
 use crate::model::requirement::{Requirement, SkipCode, SkipReason};
 use crate::model::result::ScenarioResult;
-use crate::model::scenario::{Fault, Scenario};
+use crate::model::scenario::{Fault, Reach, Scenario, Strikes};
 
 /// What happens to a scenario before any rank starts.
 #[derive(Debug, PartialEq)]
@@ -40,8 +40,9 @@ pub struct Policy<'a> {
     pub profile: &'a HostProfile,
     pub facts: &'a [HostFacts],
     pub strict: bool,
-    /// Whether the hosts can be killed, frozen or cut off (the containers profile).
-    pub host_control: bool,
+    /// The fault planes the hosts take: killed, frozen or cut off (containers), their RoCE
+    /// wire faulted (the soft-RoCE VM pair).
+    pub strikes: Strikes,
     /// `--no-audit`: nothing runs under strace.
     pub no_audit: bool,
 }
@@ -88,14 +89,12 @@ impl Policy<'_> {
             };
             return self.unmet(reason, &[]);
         }
-        if !self.host_control {
-            if let Some(f) = s
-                .all_faults()
-                .into_iter()
-                .find(|f| f.action.is_host_level())
-            {
-                return self.unmet(no_host_control(&f, self.profile), &[]);
-            }
+        if let Some(f) = s
+            .all_faults()
+            .into_iter()
+            .find(|f| !self.strikes.allows(f.action))
+        {
+            return self.unmet(no_host_control(&f, self.profile), &[]);
         }
         Decision::Run
     }
@@ -121,11 +120,25 @@ impl Policy<'_> {
 }
 
 fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
+    let (code, what, who) = match f.action.reach() {
+        Reach::Wire => (
+            SkipCode::NoWireControl,
+            "a RoCE wire between two hosts",
+            "only the rxe-vm-pair profile",
+        ),
+        _ => (
+            SkipCode::NoHostControl,
+            "a whole host",
+            "only the containers profile (or a Slurm test cluster)",
+        ),
+    };
     SkipReason {
-        code: SkipCode::NoHostControl,
+        code,
         detail: format!(
-            "the {:?} fault acts on a whole host, which only the containers profile can do (`{}` is {:?})",
-            f.action, profile.name, profile.kind()
+            "the {:?} fault acts on {what}, which {who} can do (`{}` is {:?})",
+            f.action,
+            profile.name,
+            profile.kind()
         ),
     }
 }
@@ -179,7 +192,10 @@ mod tests {
             profile: &p,
             facts: &facts,
             strict,
-            host_control,
+            strikes: Strikes {
+                host: host_control,
+                wire: false,
+            },
             no_audit: false,
         };
         policy.decide(&scenario(s).scenario)
@@ -222,7 +238,7 @@ mod tests {
             profile: &p,
             facts: &facts,
             strict: false,
-            host_control: false,
+            strikes: Strikes::default(),
             no_audit: false,
         };
         assert_eq!(policy.decide(&s), Decision::Run);
@@ -269,7 +285,7 @@ mod tests {
             profile: &p,
             facts: &facts,
             strict: false,
-            host_control: false,
+            strikes: Strikes::default(),
             no_audit: false,
         };
         let Decision::Skip(why) = policy.decide(&s.scenario) else {
@@ -298,14 +314,43 @@ mod tests {
             profile: &p,
             facts: &facts,
             strict: false,
-            host_control: false,
+            strikes: Strikes::default(),
             no_audit: false,
         };
         let Decision::Skip(why) = policy.decide(&s.scenario) else {
             panic!("expected a skip")
         };
         assert_eq!(why.code, SkipCode::NoHostControl, "{why}");
-        policy.host_control = true;
+        policy.strikes.host = true;
+        assert_eq!(policy.decide(&s.scenario), Decision::Run);
+    }
+
+    #[test]
+    fn a_wire_fault_needs_the_vm_pair_and_host_control_is_not_enough() {
+        let s = steps::parse(
+            Path::new("wire.yaml"),
+            "name: wire\ndescription: a wire fault on an exec role\nranks: 2\ndeadline: 60s\nsteps:\n  - exec:\n      deadline: 30s\n      roles:\n        a: { ranks: [0, 1], program: \"true\" }\n      faults:\n        - { role: a, rank: 1, action: roce-blackhole, at: started }\nexpect:\n  exit_ms: { max: 1000 }\n",
+        )
+        .unwrap();
+        let p = profile::load(&repo("hosts/rxe-vm-pair.yaml")).unwrap();
+        assert!(p.strikes().wire);
+        let facts = [bare()];
+        let mut policy = Policy {
+            profile: &p,
+            facts: &facts,
+            strict: false,
+            strikes: Strikes {
+                host: true,
+                wire: false,
+            },
+            no_audit: true,
+        };
+        let Decision::Skip(why) = policy.decide(&s.scenario) else {
+            panic!("expected a skip")
+        };
+        assert_eq!(why.code, SkipCode::NoWireControl, "{why}");
+        assert!(why.detail.contains("rxe-vm-pair"), "{why}");
+        policy.strikes.wire = true;
         assert_eq!(policy.decide(&s.scenario), Decision::Run);
     }
 
@@ -322,7 +367,7 @@ mod tests {
             profile: p,
             facts: &facts,
             strict: false,
-            host_control: false,
+            strikes: Strikes::default(),
             no_audit: false,
         };
         let rdma = [Requirement::Rdma];

@@ -59,9 +59,14 @@ pub fn run(
     let selected: Vec<&Loaded> = scenarios
         .iter()
         .filter(|s| {
-            opts.filter
-                .as_deref()
-                .is_none_or(|f| s.scenario.name.contains(f) || s.scenario.file_name().contains(f))
+            opts.filter.as_deref().is_none_or(|f| {
+                s.scenario.name.contains(f)
+                    || s.scenario.file_name().contains(f)
+                    || s.scenario
+                        .requires
+                        .iter()
+                        .any(|r| format!("{r:?}").eq_ignore_ascii_case(f))
+            })
         })
         .collect();
     // Hosts come up once per run (containers started, the binary deployed over SSH, VMs
@@ -239,7 +244,7 @@ fn run_group(
                 profile,
                 facts: &[],
                 strict: cx.opts.strict,
-                host_control: false,
+                strikes: Default::default(),
                 no_audit: cx.opts.no_audit,
             };
             for l in loaded {
@@ -268,7 +273,7 @@ fn run_group(
         profile,
         facts: &facts,
         strict: cx.opts.strict,
-        host_control: placement.can_strike(),
+        strikes: placement.strikes(),
         no_audit: cx.opts.no_audit,
     };
     for loaded in loaded {

@@ -15,7 +15,7 @@
 //!   steps, at its exit);
 //! - a trace that was cut short (its size bound), which is never read as clean.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 /// One violation, with the trace lines that show it.
@@ -164,8 +164,12 @@ struct Qp {
     cqs: [String; 2],
     state: u32,
     created: usize,
-    /// Where it went to the error state (a modify, or an error completion).
+    /// Where it went to the error state, as the program knows it: its own modify, or an
+    /// error completion it polled.
     errored: Option<usize>,
+    /// Moved to the error state by the harness (the `qp-error` fault): the program learns it
+    /// from the first flushed completion, not from the modify.
+    forced: bool,
     send: Vec<Posted>,
     recv: Vec<Posted>,
 }
@@ -204,6 +208,8 @@ struct Checker<'a> {
     data_truncated: Option<usize>,
     errors: BTreeMap<u32, (u64, usize)>,
     found: Vec<VerbsViolation>,
+    /// QPs the `qp-error` fault is about to move to the error state.
+    forcing: BTreeSet<String>,
 }
 
 /// Check one process's verbs trace.
@@ -327,12 +333,16 @@ impl<'a> Checker<'a> {
                     state: QPS_RESET,
                     created: i,
                     errored: None,
+                    forced: false,
                     send: vec![],
                     recv: vec![],
                 };
                 self.dead_qpns.remove(&qp.qpn);
                 self.qp_by_num.insert(qp.qpn, key("qp"));
                 self.qps.insert(key("qp"), qp);
+            }
+            "fault" if l.get("what") == Some("qp-error") => {
+                self.forcing.insert(key("qp"));
             }
             "qp-modify" => self.qp_modify(&key("qp"), &l, i),
             "qp-destroy" => {
@@ -457,7 +467,9 @@ impl<'a> Checker<'a> {
             return;
         };
         q.state = state;
-        if state == QPS_ERR {
+        if state == QPS_ERR && self.forcing.remove(qp) {
+            q.forced = true;
+        } else if state == QPS_ERR {
             q.errored.get_or_insert(i);
         }
         if state == QPS_RESET {
@@ -694,7 +706,8 @@ impl<'a> Checker<'a> {
             if status != WC_SUCCESS && status != WC_WR_FLUSH_ERR {
                 q.errored.get_or_insert(i);
             }
-            if status == WC_WR_FLUSH_ERR && q.state != QPS_ERR && q.errored.is_none() {
+            if status == WC_WR_FLUSH_ERR && (q.state != QPS_ERR || q.forced) && q.errored.is_none()
+            {
                 q.errored = Some(i);
             }
         }

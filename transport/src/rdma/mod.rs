@@ -8,5 +8,6 @@
 pub mod compat;
 pub mod discovery;
 pub mod interfaces;
+pub mod port_events;
 pub mod rc;
 pub mod server;

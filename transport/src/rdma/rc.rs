@@ -12,8 +12,8 @@ use sideway::ibverbs::completion::{GenericCompletionQueue, WorkCompletionStatus}
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    GenericQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState,
-    SetScatterGatherEntry, WorkRequestFlags,
+    GenericQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairAttributeMask,
+    QueuePairState, SetScatterGatherEntry, WorkRequestFlags,
 };
 use sideway::ibverbs::AccessFlags;
 use sideway::rdmacm::communication_manager::{
@@ -576,6 +576,36 @@ pub struct RcConnection {
     /// Receive work requests posted and not yet completed.
     posted_recvs: usize,
     peer_gone: Arc<std::sync::atomic::AtomicBool>,
+    /// What the QP was given at RTS for retransmission (queried back from the provider).
+    ack: Option<AckTiming>,
+}
+
+/// Transport retries before a silent peer fails the request with `RETRY_EXC_ERR`. Not
+/// rdma_cm's default of 7: soft-RoCE (rxe, every kernel so far) reads 7 as "retry forever", so
+/// a send to a peer whose wire went dark would never complete there (`rdma-retry-exceeded`
+/// found it). 6 is bounded on every provider.
+pub const RETRY_CNT: u8 = 6;
+
+/// A QP's retransmission settings: how long it waits for an acknowledgement, and how often it
+/// resends before it completes the request with `RETRY_EXC_ERR`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckTiming {
+    /// The local ACK timeout exponent: 4.096 µs × 2^timeout (0: wait forever).
+    pub timeout: u8,
+    pub retry_cnt: u8,
+}
+
+impl AckTiming {
+    /// One wait for an acknowledgement.
+    pub fn ack_timeout(self) -> Option<Duration> {
+        (self.timeout > 0).then(|| Duration::from_nanos(4096u64 << self.timeout.min(31)))
+    }
+
+    /// The longest a correct provider may take, once the wire goes silent, to complete the
+    /// outstanding request with `RETRY_EXC_ERR`: the first wait and one per retry.
+    pub fn retry_bound(self) -> Option<Duration> {
+        Some(self.ack_timeout()? * (u32::from(self.retry_cnt) + 1))
+    }
 }
 
 impl RcConnection {
@@ -650,6 +680,7 @@ impl RcConnection {
             in_flight: 0,
             posted_recvs: 0,
             peer_gone: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            ack: None,
         })
     }
 
@@ -683,10 +714,23 @@ impl RcConnection {
 
     pub(crate) fn ready_to_send(&mut self) -> Result<(), RdmaError> {
         for state in [QueuePairState::ReadyToReceive, QueuePairState::ReadyToSend] {
-            let attr = self.id.get_qp_attr(state).map_err(cm)?;
+            let mut attr = self.id.get_qp_attr(state).map_err(cm)?;
+            if state == QueuePairState::ReadyToSend {
+                attr.setup_retry_cnt(RETRY_CNT);
+            }
             self.v().qp.modify(&attr).map_err(verbs)?;
         }
+        let mask = QueuePairAttributeMask::Timeout | QueuePairAttributeMask::RetryCount;
+        self.ack = self.v().qp.query(mask).ok().map(|(a, _)| AckTiming {
+            timeout: a.timeout(),
+            retry_cnt: a.retry_cnt(),
+        });
         Ok(())
+    }
+
+    /// The QP's retransmission settings, once it is ready to send.
+    pub fn ack_timing(&self) -> Option<AckTiming> {
+        self.ack
     }
 
     pub(crate) fn qp_number(&mut self) -> u32 {
@@ -1201,5 +1245,31 @@ impl Drop for RcConnection {
         self.disconnect();
         // The QP and regions before the memory they point into.
         self.release_verbs();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_bound_is_one_wait_per_try_and_none_without_a_timeout() {
+        let rdma_cm_default = AckTiming {
+            timeout: 17,
+            retry_cnt: 7,
+        };
+        assert_eq!(
+            rdma_cm_default.ack_timeout(),
+            Some(Duration::from_nanos(536_870_912))
+        );
+        assert_eq!(
+            rdma_cm_default.retry_bound(),
+            Some(Duration::from_nanos(536_870_912 * 8))
+        );
+        let forever = AckTiming {
+            timeout: 0,
+            retry_cnt: 7,
+        };
+        assert_eq!(forever.retry_bound(), None);
     }
 }

@@ -206,6 +206,9 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     // (stopped ones included), the hosts' process tables checked, then our threads.
     let mut outcome = core.into_outcome();
     if !outcome.faults_struck.is_empty() {
+        outcome
+            .faults_struck
+            .extend(plan.placement.fault_evidence());
         if let Err(e) = plan.placement.heal() {
             outcome.unexpected.push(format!(
                 "could not heal the {} hosts after the faults: {e:#}",
@@ -215,6 +218,14 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
     }
     group.kill_all();
     outcome.leftovers.extend(group.leftovers());
+    if !outcome.faults_struck.is_empty() {
+        if let Err(e) = plan.placement.renew() {
+            outcome.unexpected.push(format!(
+                "could not renew the {} hosts after the faults: {e:#}",
+                plan.placement.kind()
+            ));
+        }
+    }
     if tracing.as_ref().is_some_and(Tracing::strace) {
         attempt.audit = audit_traces(plan, &group, outcome.hang.is_some());
     }
@@ -334,7 +345,7 @@ fn drive(
                         // The fault's time is when it starts: a host kill takes effect
                         // while `docker kill` is still running.
                         let at_us = crate::rank::steps::wall_us(Instant::now());
-                        let result = apply_fault(action, rank, group, plan.placement)
+                        let result = apply_fault(action, rank, group, plan.placement, plan.seed)
                             .map_err(|e| format!("{e:#}"));
                         if result.is_ok() {
                             attempt.struck.push(StruckFault {
@@ -539,11 +550,13 @@ fn apply_fault(
     rank: u32,
     group: &RankGroup,
     placement: &Placement,
+    seed: u64,
 ) -> Result<()> {
     match action {
         FaultAction::Sigkill => group.signal(rank, Signal::SIGKILL),
         FaultAction::Sigstop => group.signal(rank, Signal::SIGSTOP),
-        host_level => placement.strike(host_level, placement.host_of(rank)),
+        FaultAction::QpError => group.force_qp_error(rank),
+        host_level => placement.strike(host_level, placement.host_of(rank), seed),
     }
 }
 

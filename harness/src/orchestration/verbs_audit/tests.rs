@@ -178,6 +178,29 @@ fn completions_for_a_dead_qp_and_posts_to_an_error_qp_are_violations() {
 }
 
 #[test]
+fn a_qp_the_harness_forced_to_error_is_in_error_for_the_program_only_once_it_polled_a_flush() {
+    let forced = format!(
+        "{SETUP}
+        11 thread name=wringer-qp-err
+        11 fault what=qp-error qp=0xf qpn=17
+        11 qp-modify qp=0xf qpn=17 state=6 timeout=-1 retry=-1 ret=0
+        10 post-send call=2 qp=0xf qpn=17 wr=41 op=2 flags=2 sge=0x1800+64/5"
+    );
+    // The program could not know yet: posting is no violation.
+    assert!(
+        !checks(&forced).contains(&"post-to-error-qp"),
+        "{:?}",
+        checks(&forced)
+    );
+    let after_flush = format!(
+        "{forced}
+        10 wc cq=0xe qpn=17 wr=0 status=5 op=128 len=0 vendor=0
+        10 post-send call=3 qp=0xf qpn=17 wr=42 op=2 flags=2 sge=0x1800+64/5"
+    );
+    assert!(checks(&after_flush).contains(&"post-to-error-qp"));
+}
+
+#[test]
 fn a_completion_error_names_its_status_and_first_wr_and_puts_the_qp_in_error() {
     let body = format!(
         "{SETUP}

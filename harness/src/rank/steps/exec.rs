@@ -182,7 +182,9 @@ pub struct RoleFault {
     #[serde(default)]
     pub rank: Option<u32>,
     /// `sigkill` and `sigstop` strike the program; the host-level ones (`host-kill`,
-    /// `host-freeze`, `link-cut`, `rate-limit`, container hosts only) its rank's host.
+    /// `host-freeze`, `link-cut`, `rate-limit`, container hosts only) its rank's host, and the
+    /// wire ones (`roce-loss`, `roce-blackhole`, `link-down`, …, the soft-RoCE VM pair) its
+    /// host's RoCE link.
     pub action: FaultAction,
     pub at: Trigger,
     #[serde(default)]
@@ -283,11 +285,12 @@ impl StepSpec for Exec {
             .collect()
     }
 
-    /// Host-level role faults become scenario faults at the points the role's ranks report.
+    /// Role faults the coordinator strikes (host-level, wire, a QP forced to error) become
+    /// scenario faults at the points the role's ranks report.
     fn faults(&self, step: usize) -> Vec<Fault> {
         let mut out = vec![];
         for (i, f) in self.faults.iter().enumerate() {
-            if !f.action.is_host_level() {
+            if matches!(f.action, FaultAction::Sigkill | FaultAction::Sigstop) {
                 continue;
             }
             let ranks = match (f.rank, self.roles.get(&f.role)) {
@@ -420,6 +423,7 @@ fn check(e: &Exec, ranks: u32) -> Result<(), Invalid> {
         let Some(role) = e.roles.get(&f.role) else {
             return Err(format!("a fault names role `{}`, which does not exist", f.role).into());
         };
+        f.action.check()?;
         if let Some(r) = f.rank {
             if !role.ranks.contains(&r) {
                 return Err(format!("a fault names rank {r}, which is not in role `{}`", f.role).into());

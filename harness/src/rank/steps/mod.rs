@@ -185,6 +185,7 @@ registry! {
     RdmaGracefulShutdown(rdma_graceful_shutdown::RdmaGracefulShutdown) = "rdma-graceful-shutdown",
     RdmaInterfaceIndex(rdma_interface_index::RdmaInterfaceIndex) = "rdma-interface-index",
     RdmaXhostSend(rdma_xhost_send::RdmaXhostSend) = "rdma-xhost-send",
+    RdmaWireFault(rdma_wire_fault::RdmaWireFault) = "rdma-wire-fault",
     RdmaInteropRcPingpong(rdma_interop_rc_pingpong::RdmaInteropRcPingpong) = "rdma-interop-rc-pingpong",
     GpuPingpong(gpu_pingpong::GpuPingpong) = "gpu-pingpong",
     ListenerNeverAnswers(listener_never_answers::ListenerNeverAnswers) = "listener-never-answers",
