@@ -46,9 +46,11 @@ crate::declare_metrics! {
 pub const MID_STREAM: &str = "mid-stream";
 
 /// Scheduling allowance on top of the retry bound: the provider's timers run on a kernel
-/// that may itself be emulated (TCG); a tenth of the bound, and at least a second.
+/// that may itself be emulated (TCG), and each wait ends a little after its nominal length
+/// (rxe in the VM pair: 15.5 to 16.0 s against a nominal 15.0 s); a quarter of the bound, and
+/// at least two seconds. A provider that retries for ever still misses it by far.
 fn grace(bound: Duration) -> Duration {
-    (bound / 10).max(Duration::from_secs(1))
+    (bound / 4).max(Duration::from_secs(2))
 }
 
 /// How long the receiver waits for more once the sender says it is done.
@@ -410,9 +412,9 @@ mod tests {
     }
 
     #[test]
-    fn the_grace_is_a_tenth_of_the_bound_and_at_least_a_second() {
-        assert_eq!(grace(Duration::from_secs(4)), Duration::from_secs(1));
-        assert_eq!(grace(Duration::from_secs(40)), Duration::from_secs(4));
+    fn the_grace_is_a_quarter_of_the_bound_and_at_least_two_seconds() {
+        assert_eq!(grace(Duration::from_secs(4)), Duration::from_secs(2));
+        assert_eq!(grace(Duration::from_secs(40)), Duration::from_secs(10));
     }
 
     #[test]
