@@ -295,7 +295,7 @@ impl VmHosts {
             .check(&["sh", "-c", &scripts.struck], Duration::from_secs(60))
             .with_context(|| format!("striking {action:?} on {}", h.target.name))?;
         if let Some(script) = scripts.peer {
-            for (_, p) in self.hosts.iter().enumerate().filter(|(i, _)| *i != host) {
+            for p in self.hosts.iter().filter(|p| !std::ptr::eq(*p, h)) {
                 p.target
                     .check(
                         &["sh", "-c", &format!("set -e\n{script}")],

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use wringer_transport::rdma::port_events::PortEvents;
-use wringer_transport::rdma::rc::{RdmaError, Received};
+use wringer_transport::rdma::rc::{RcConnection, RdmaError, Received};
 
 use super::pattern;
 use super::rdma_lossless_stream::{RDMA_DROPPED, RDMA_RX_BYTES};
@@ -144,31 +144,20 @@ impl StepKind for RdmaWireFault {
         } else {
             self.receive(ctx, step, &mut c, end, report)?
         };
-        // Only the sender posts SENDs: its count of RETRY_EXC_ERR is the one a bound reads.
-        report
-            .metrics
-            .insert(RDMA_COMPLETION_ERRORS, c.counts().errors() as f64);
-        if ctx.rank == 1 {
-            report.metrics.insert(
-                RETRY_EXC_ERR,
-                c.counts().get(wringer_transport::rdma::rc::WcStatus::RetryExcErr) as f64,
-            );
+        counts_into(&c, report);
+        if ctx.rank == 0 {
+            // Only the sender posts SENDs: its count of RETRY_EXC_ERR is the one a bound reads.
+            report.metrics.remove(&RETRY_EXC_ERR);
         }
-        report.notes.push(format!(
-            "rank {} completions by status: {:?}",
-            ctx.rank,
-            c.counts().0
-        ));
         drop(c);
         if let Some(w) = events {
-            let errs: Vec<_> = w
-                .events()
-                .into_iter()
+            let seen = w.events();
+            let errs: Vec<_> = seen
+                .iter()
                 // From the point on: the event may come before the strike's answer does.
                 .filter(|e| e.kind == "PORT_ERR" && e.at >= struck.reached)
                 .collect();
-            let all: Vec<String> = w
-                .events()
+            let all: Vec<String> = seen
                 .iter()
                 .map(|e| format!("{}@{:.0}ms", e.kind, ms_since(struck.reached, e.at)))
                 .collect();
@@ -193,15 +182,13 @@ fn ms_since(from: Instant, to: Instant) -> f64 {
     to.saturating_duration_since(from).as_secs_f64() * 1e3
 }
 
-type Conn = wringer_transport::rdma::rc::RcConnection;
-
 impl RdmaWireFault {
     /// Rank 1: the stream, the fault, and what the sender saw. Returns when the fault struck.
     fn send(
         &self,
         ctx: &RankContext,
         step: usize,
-        c: &mut Conn,
+        c: &mut RcConnection,
         end: Instant,
         report: &mut StepReport,
     ) -> Result<Struck> {
@@ -289,7 +276,7 @@ impl RdmaWireFault {
         &self,
         ctx: &RankContext,
         step: usize,
-        c: &mut Conn,
+        c: &mut RcConnection,
         end: Instant,
         report: &mut StepReport,
     ) -> Result<Struck> {
