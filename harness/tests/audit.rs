@@ -109,3 +109,81 @@ fn the_audit_catches_a_broken_program_wringer_did_not_write() {
     assert!(found.contains(&"use after close"), "{found:?}\n{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Build a fixture of `fixtures/lifecycle/`, broken or as its correct twin (`-DCORRECT`).
+fn build_lifecycle_fixture(dir: &std::path::Path, name: &str, correct: bool) -> PathBuf {
+    let exe = dir.join(if correct {
+        format!("{name}_correct")
+    } else {
+        name.to_string()
+    });
+    let src = repo().join(format!("harness/tests/fixtures/lifecycle/{name}.c"));
+    let mut cc = Command::new("cc");
+    cc.args(["-O0", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src);
+    if correct {
+        cc.arg("-DCORRECT");
+    }
+    assert!(
+        cc.status().unwrap().success(),
+        "compiling {}",
+        src.display()
+    );
+    exe
+}
+
+/// Run `exe` under the audit's strace; the checks it trips.
+fn audited_checks(dir: &std::path::Path, exe: &std::path::Path) -> (Vec<String>, String) {
+    let trace = dir.join(format!(
+        "{}.trace",
+        exe.file_name().unwrap().to_string_lossy()
+    ));
+    let words = audit::strace_command(&[AuditCheck::FdLifecycle], &[], 1, &trace);
+    let status = Command::new(&words[0])
+        .args(&words[1..])
+        .arg(exe)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{} exited with {status}", exe.display());
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let found = audit::analyse(&text, &[AuditCheck::FdLifecycle])
+        .iter()
+        .map(|v| format!("{}: {}", v.check, v.detail))
+        .collect();
+    (found, text)
+}
+
+/// Programs built around their descriptors in other shapes than `close_in_use.c` (a `select`
+/// loop, an epoll event loop, a `dup2` over a blocked read, a forked child's `close_range`):
+/// each broken one is caught by the release that breaks it, each correct twin is clean.
+#[test]
+fn the_audit_catches_every_release_under_a_waiting_thread_and_passes_the_correct_twins() {
+    need("strace");
+    need("cc");
+    let dir = temp("lifecycle-shapes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        ("select_loop", "select"),
+        ("epoll_loop", "waiting for it in its epoll set"),
+        ("dup2_interrupt", "released (by dup2)"),
+        ("forked_close_range", "released (by close_range)"),
+    ];
+    for (name, says) in cases {
+        let broken = build_lifecycle_fixture(&dir, name, false);
+        let (found, text) = audited_checks(&dir, &broken);
+        assert!(
+            found
+                .iter()
+                .any(|v| v.starts_with("close while in use") && v.contains(says)),
+            "{name}: no close while in use {says:?} among {found:#?}\n{text}"
+        );
+        let twin = build_lifecycle_fixture(&dir, name, true);
+        let (found, text) = audited_checks(&dir, &twin);
+        assert!(
+            found.is_empty(),
+            "{name}'s correct twin: {found:#?}\n{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -24,8 +24,13 @@ use crate::model::scenario::{AuditCheck, Perturb};
 /// every call that makes a descriptor, and the calls that use or close one. Not mmap, stat and
 /// the like, which a program's start-up makes by the thousand (under TCG each stop costs a
 /// millisecond).
-const TRACED: &str = "%network,%process,read,readv,pread64,write,writev,pwrite64,close,\
-fcntl,ioctl,epoll_ctl,epoll_wait,epoll_pwait,poll,ppoll,sendfile,splice,prctl";
+const TRACED: &str = "%network,%process,read,readv,pread64,preadv,preadv2,write,writev,\
+pwrite64,pwritev,pwritev2,close,fcntl,ioctl,epoll_ctl,epoll_wait,epoll_pwait,poll,ppoll,\
+pselect6,sendfile,splice,tee,copy_file_range,prctl";
+
+/// Traced where the architecture and strace know them (`?`): `select` is not on arm64,
+/// `close_range` and `epoll_pwait2` are newer than some strace releases.
+const TRACED_IF_KNOWN: &[&str] = &["select", "close_range", "epoll_pwait2"];
 
 /// The name wringer's transport gives a connection's receiver thread, before its fd.
 const RECEIVER_NAME: &str = "wringer-rx-";
@@ -69,7 +74,11 @@ const MAKES_TWO_FDS: &[&str] = &["pipe", "pipe2", "socketpair"];
 /// architecture lacks (`open`, `pipe` and `epoll_create` are not on arm64).
 fn trace_filter() -> String {
     let mut list = TRACED.to_string();
-    for name in MAKES_ONE_FD.iter().chain(MAKES_TWO_FDS) {
+    for name in MAKES_ONE_FD
+        .iter()
+        .chain(MAKES_TWO_FDS)
+        .chain(TRACED_IF_KNOWN)
+    {
         list.push_str(",?");
         list.push_str(name);
     }
@@ -246,28 +255,52 @@ fn named_receiver(args: &str) -> Option<i32> {
     name.strip_prefix(RECEIVER_NAME)?.parse().ok()
 }
 
-/// The fd a syscall acts on, when its first argument is one.
-fn fd_arg(name: &str, args: &str) -> Option<i32> {
-    if matches!(name, "poll" | "ppoll") {
-        return polled_fd(args);
+/// The descriptors a syscall acts on: its first argument for most, every one a `poll` or
+/// `select` waits for, both ends of a `splice`-like copy. A thread asleep in a `poll` on
+/// several is inside a call on each of them, as much as one asleep in `recvfrom`.
+fn fds_of(name: &str, args: &str) -> Vec<i32> {
+    let nth = |n: usize| -> Option<i32> {
+        let a = args.split([',', ')']).nth(n)?.trim();
+        a.parse().ok().filter(|fd: &i32| *fd >= 0)
+    };
+    match name {
+        "poll" | "ppoll" => polled_fds(args),
+        "select" | "pselect6" => selected_fds(args),
+        "sendfile" | "tee" => [nth(0), nth(1)].into_iter().flatten().collect(),
+        "splice" | "copy_file_range" => [nth(0), nth(2)].into_iter().flatten().collect(),
+        _ if takes_fd(name) => nth(0).into_iter().collect(),
+        _ => vec![],
     }
-    if !takes_fd(name) {
-        return None;
-    }
-    let first = args.split([',', ')']).next()?.trim();
-    first.parse().ok().filter(|fd: &i32| *fd >= 0)
 }
 
-/// The one descriptor a `poll` waits on (`[{fd=7, events=POLLIN}], 1, 5000`): a thread
-/// asleep there is inside a call on it, as much as one asleep in `recvfrom`. None when the poll
-/// names several, which makes it no one descriptor's call.
-fn polled_fd(args: &str) -> Option<i32> {
-    let rest = args.trim_start().strip_prefix("[{fd=")?;
-    if rest.contains("{fd=") {
-        return None;
-    }
-    let digits = rest.find(|c: char| !c.is_ascii_digit())?;
-    rest[..digits].parse().ok()
+/// The descriptors of a `poll` (`[{fd=7, events=POLLIN}, {fd=9, events=POLLIN}], 2, 5000`).
+fn polled_fds(args: &str) -> Vec<i32> {
+    let list = args.split("}]").next().unwrap_or("");
+    list.split("{fd=")
+        .skip(1)
+        .filter_map(|r| {
+            let end = r.find(|c: char| !c.is_ascii_digit() && c != '-')?;
+            r[..end].parse().ok().filter(|fd: &i32| *fd >= 0)
+        })
+        .collect()
+}
+
+/// The descriptors in a `select`'s sets (`8, [3 5], [], NULL, NULL`): every number inside
+/// brackets (the timeout is in braces).
+fn selected_fds(args: &str) -> Vec<i32> {
+    let mut fds: Vec<i32> = args
+        .split('[')
+        .skip(1)
+        .filter_map(|r| r.split(']').next())
+        .flat_map(|set| set.split_whitespace().filter_map(|n| n.parse().ok()))
+        .collect();
+    fds.sort_unstable();
+    fds.dedup();
+    fds
+}
+
+fn waits_on_epoll(name: &str) -> bool {
+    matches!(name, "epoll_wait" | "epoll_pwait" | "epoll_pwait2")
 }
 
 fn takes_fd(name: &str) -> bool {
@@ -305,6 +338,10 @@ fn takes_fd(name: &str) -> bool {
             | "epoll_ctl"
             | "epoll_wait"
             | "epoll_pwait"
+            | "epoll_pwait2"
+            | "preadv2"
+            | "pwritev"
+            | "pwritev2"
             | "fsync"
             | "ftruncate"
             | "dup"
@@ -313,6 +350,11 @@ fn takes_fd(name: &str) -> bool {
             | "sendfile"
             | "splice"
     )
+}
+
+/// Calls that release a descriptor.
+fn releases(name: &str) -> bool {
+    matches!(name, "close" | "close_range" | "dup2" | "dup3")
 }
 
 fn receives(name: &str) -> bool {
@@ -378,13 +420,19 @@ struct Process {
     threads: BTreeMap<u32, Thread>,
     /// It names its receiver threads: only they must exit before their fd's close.
     names_receivers: bool,
+    /// Each epoll instance's registered descriptors (`epoll_ctl` ADD and DEL): a thread in
+    /// `epoll_wait` waits for every one of them.
+    epoll_sets: BTreeMap<i32, BTreeSet<i32>>,
 }
 
 /// A call in progress on a thread.
 struct Inside {
     name: String,
     args: String,
-    fd: Option<i32>,
+    /// The descriptors it acts on or waits for directly.
+    fds: Vec<i32>,
+    /// The epoll set it waits on (`epoll_wait`), whose members it waits for as they are now.
+    epoll: Option<i32>,
     line: usize,
 }
 
@@ -459,14 +507,16 @@ impl Audit<'_> {
             match ev {
                 Event::Call { name, args, ret } => self.call(pid, tid, name, args, ret, i),
                 Event::Started { name, args } => {
-                    let fd = fd_arg(name, args);
-                    self.touch(pid, tid, name, fd, i);
+                    let fds = fds_of(name, args);
+                    self.touch(pid, tid, name, &fds, i);
+                    let epoll = fds.first().copied().filter(|_| waits_on_epoll(name));
                     self.inside.insert(
                         tid,
                         Inside {
                             name: name.to_string(),
                             args: args.to_string(),
-                            fd,
+                            fds,
+                            epoll,
                             line: i,
                         },
                     );
@@ -474,10 +524,8 @@ impl Audit<'_> {
                 Event::Resumed { name, ret } => {
                     if let Some(call) = self.inside.remove(&tid).filter(|c| c.name == name) {
                         // Usage was noted when it started; its effects count where it returned.
-                        if call.name == "close" {
-                            if let Some(fd) = call.fd.filter(|_| ret.starts_with('0')) {
-                                self.close(pid, tid, fd, i);
-                            }
+                        if releases(&call.name) {
+                            self.release(pid, tid, &call.name, &call.args, ret, i);
                         } else {
                             self.effects(pid, tid, &call.name, &call.args, ret, i);
                         }
@@ -516,23 +564,92 @@ impl Audit<'_> {
 
     /// A call that completed on one line.
     fn call(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
-        let fd = fd_arg(name, args);
-        if name == "close" {
-            if let Some(fd) = fd.filter(|_| ret.starts_with('0')) {
-                self.close(pid, tid, fd, i);
-            }
+        if releases(name) {
+            self.release(pid, tid, name, args, ret, i);
             return;
         }
-        self.touch(pid, tid, name, fd, i);
+        self.touch(pid, tid, name, &fds_of(name, args), i);
         self.effects(pid, tid, name, args, ret, i);
+    }
+
+    /// Whether `c`, a call in progress in process `pid`, is on `fd` or waits for it through
+    /// its epoll set (as the set is now); and which of the two.
+    fn waits_for(&self, pid: u32, c: &Inside, fd: i32) -> Option<bool> {
+        if c.fds.contains(&fd) {
+            return Some(false);
+        }
+        let set = self.procs.get(&pid)?.epoll_sets.get(&c.epoll?)?;
+        set.contains(&fd).then_some(true)
+    }
+
+    /// A call that releases descriptors, once it returned: `close`; `close_range` (all the
+    /// open ones in its range, unless it only marks them close-on-exec); `dup2` and `dup3`,
+    /// which release their target when it was open, then make it anew.
+    fn release(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
+        let ok = ret.starts_with('0')
+            || (name != "close" && name != "close_range" && !ret.starts_with('-'));
+        let arg = |n: usize| -> Option<i64> {
+            let a = args.split([',', ')']).nth(n)?.trim();
+            match a {
+                "~0" | "~0U" | "4294967295" => Some(u32::MAX as i64),
+                _ => a.parse().ok(),
+            }
+        };
+        match name {
+            "close" => {
+                if let Some(fd) = arg(0).filter(|fd| ok && *fd >= 0) {
+                    self.close(pid, tid, fd as i32, "close", i);
+                }
+            }
+            "close_range" => {
+                let (Some(first), Some(last)) = (arg(0), arg(1)) else {
+                    return;
+                };
+                if !ok || args.contains("CLOSE_RANGE_CLOEXEC") {
+                    return;
+                }
+                let open: Vec<i32> = self
+                    .procs
+                    .get(&pid)
+                    .map(|p| {
+                        p.fds
+                            .iter()
+                            .filter(|(n, f)| {
+                                f.closed_at.is_none() && (first..=last).contains(&(**n as i64))
+                            })
+                            .map(|(n, _)| *n)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for fd in open {
+                    self.close(pid, tid, fd, "close_range", i);
+                }
+            }
+            _ => {
+                // dup2(old, new) = new: `new`, when open and not `old`, is closed first.
+                let (old, new) = (arg(0), arg(1));
+                self.touch(pid, tid, name, &fds_of(name, args), i);
+                if let (Some(old), Some(new)) = (old, new) {
+                    let open = self
+                        .procs
+                        .get(&pid)
+                        .and_then(|p| p.fds.get(&(new as i32)))
+                        .is_some_and(|f| f.closed_at.is_none());
+                    if ok && open && old != new {
+                        self.close(pid, tid, new as i32, name, i);
+                    }
+                }
+                self.effects(pid, tid, name, args, ret, i);
+            }
+        }
     }
 
     /// The thread is now inside (or through) `name` on `fd`: note the use, or flag a use after
     /// close.
-    fn touch(&mut self, pid: u32, tid: u32, name: &str, fd: Option<i32>, i: usize) {
+    fn touch(&mut self, pid: u32, tid: u32, name: &str, fds: &[i32], i: usize) {
         let p = self.procs.entry(pid).or_default();
         let th = p.threads.entry(tid).or_default();
-        if th.receiving.is_some() && th.receiving != fd {
+        if th.receiving.is_some_and(|r| !fds.contains(&r)) {
             th.receiving = None;
         }
         if name == "exit" {
@@ -540,10 +657,19 @@ impl Audit<'_> {
             // the exit.
             th.named_receiver_of = None;
         }
-        let Some(fd) = fd else { return };
-        if receives(name) || matches!(name, "poll" | "ppoll") {
-            th.receiving = Some(fd);
+        // A thread receives on one descriptor: a receive, or a poll on it alone.
+        if let [fd] = fds {
+            if receives(name) || matches!(name, "poll" | "ppoll") {
+                th.receiving = Some(*fd);
+            }
         }
+        for &fd in fds {
+            self.use_fd(pid, tid, name, fd, i);
+        }
+    }
+
+    fn use_fd(&mut self, pid: u32, tid: u32, name: &str, fd: i32, i: usize) {
+        let p = self.procs.entry(pid).or_default();
         let f = p.fds.entry(fd).or_default();
         match f.closed_at {
             Some(c) if f.users.contains(&tid) => {
@@ -568,21 +694,37 @@ impl Audit<'_> {
         }
     }
 
-    fn close(&mut self, pid: u32, tid: u32, fd: i32, i: usize) {
-        self.touch(pid, tid, "close", None, i);
+    /// `fd` is released by `how` (close, close_range, dup2, dup3) on thread `tid`.
+    fn close(&mut self, pid: u32, tid: u32, fd: i32, how: &str, i: usize) {
+        self.touch(pid, tid, how, &[], i);
         if self.on(AuditCheck::FdLifecycle) {
-            let in_use: Vec<(u32, String, usize)> = self
+            let in_use: Vec<(u32, String, bool, usize)> = self
                 .inside
                 .iter()
-                .filter(|(t, c)| **t != tid && c.fd == Some(fd) && self.tgid.get(t) == Some(&pid))
-                .map(|(t, c)| (*t, c.name.clone(), c.line))
+                .filter(|(t, _)| **t != tid && self.tgid.get(t) == Some(&pid))
+                .filter_map(|(t, c)| {
+                    let through_set = self.waits_for(pid, c, fd)?;
+                    Some((*t, c.name.clone(), through_set, c.line))
+                })
                 .collect();
-            for (other, name, at) in in_use {
+            let verb = if how == "close" {
+                "closed".to_string()
+            } else {
+                format!("released (by {how})")
+            };
+            for (other, name, through_set, at) in in_use {
+                let on = if through_set {
+                    "waiting for it in its epoll set"
+                } else {
+                    "on it"
+                };
                 self.flag(
                     "close while in use",
                     pid,
                     Some(fd),
-                    format!("thread {tid} closed fd {fd} while thread {other} was inside {name}() on it"),
+                    format!(
+                        "thread {tid} {verb} fd {fd} while thread {other} was inside {name}() {on}"
+                    ),
                     i,
                     &[at],
                 );
@@ -606,7 +748,7 @@ impl Audit<'_> {
                     "close before the receiver is done",
                     pid,
                     Some(fd),
-                    format!("thread {tid} closed fd {fd} while thread {r}, its receiver, had not exited"),
+                    format!("thread {tid} {verb} fd {fd} while thread {r}, its receiver, had not exited"),
                     i,
                     &[],
                 );
@@ -619,6 +761,11 @@ impl Audit<'_> {
             }
         }
         p.fds.entry(fd).or_default().closed_at = Some(i);
+        // The kernel drops a closed descriptor from every epoll set (its last reference).
+        p.epoll_sets.remove(&fd);
+        p.epoll_sets.values_mut().for_each(|s| {
+            s.remove(&fd);
+        });
     }
 
     /// What a finished call leaves behind: new fds, new threads, EBADF, step markers.
@@ -645,13 +792,13 @@ impl Audit<'_> {
                 .inside
                 .iter()
                 .filter(|(t, c)| {
-                    c.name == "close" && c.fd == Some(new) && self.tgid.get(t) == Some(&pid)
+                    c.name == "close" && c.fds.contains(&new) && self.tgid.get(t) == Some(&pid)
                 })
                 .map(|(t, _)| *t)
                 .collect();
             for closer in closing {
                 self.inside.remove(&closer);
-                self.close(pid, closer, new, i);
+                self.close(pid, closer, new, "close", i);
             }
             self.procs.entry(pid).or_default().fds.insert(
                 new,
@@ -661,11 +808,15 @@ impl Audit<'_> {
                 },
             );
         }
-        let fd = fd_arg(name, args);
-        if let (Some(fd), true) = (
-            fd,
-            ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle),
-        ) {
+        if name == "epoll_ctl" && ret.starts_with('0') {
+            self.epoll_ctl(pid, args);
+        }
+        let fds = if ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle) {
+            fds_of(name, args)
+        } else {
+            vec![]
+        };
+        for fd in fds {
             let closed = self.procs[&pid].fds.get(&fd).and_then(|f| f.closed_at);
             let already = self.out.iter().any(|v| {
                 v.check == "use after close" && v.context.iter().any(|(n, _)| *n == i + 1)
@@ -686,6 +837,27 @@ impl Audit<'_> {
         }
         if matches!(name, "write" | "sendto") {
             self.marker(pid, args, i);
+        }
+    }
+
+    /// `epoll_ctl(5, EPOLL_CTL_ADD, 7, {…}) = 0`: 7 joins (or with DEL leaves) set 5.
+    fn epoll_ctl(&mut self, pid: u32, args: &str) {
+        let mut parts = args.split(',').map(str::trim);
+        let (Some(epfd), Some(op), Some(fd)) = (parts.next(), parts.next(), parts.next()) else {
+            return;
+        };
+        let (Ok(epfd), Ok(fd)) = (epfd.parse::<i32>(), fd.parse::<i32>()) else {
+            return;
+        };
+        let sets = &mut self.procs.entry(pid).or_default().epoll_sets;
+        match op {
+            "EPOLL_CTL_ADD" => {
+                sets.entry(epfd).or_default().insert(fd);
+            }
+            "EPOLL_CTL_DEL" => {
+                sets.entry(epfd).or_default().remove(&fd);
+            }
+            _ => {}
         }
     }
 
@@ -862,12 +1034,82 @@ mod tests {
 ";
         let found = checks_of(t, LIFECYCLE);
         assert!(found.contains(&"close while in use"), "{found:?}");
-        assert_eq!(polled_fd("[{fd=7, events=POLLIN}], 1, 10000"), Some(7));
+        assert_eq!(polled_fds("[{fd=7, events=POLLIN}], 1, 10000"), vec![7]);
         assert_eq!(
-            polled_fd("[{fd=7, events=POLLIN}, {fd=9, events=POLLIN}], 2, -1"),
-            None
+            polled_fds("[{fd=7, events=POLLIN}, {fd=9, events=POLLIN}], 2, -1"),
+            vec![7, 9]
         );
-        assert_eq!(polled_fd("NULL, 0, 10"), None);
+        assert!(polled_fds("NULL, 0, 10").is_empty());
+        assert_eq!(
+            selected_fds("8, [3 7], [], NULL, {tv_sec=1, tv_usec=0}"),
+            vec![3, 7]
+        );
+    }
+
+    /// Every shape of "a thread waits for the descriptor another thread releases".
+    #[test]
+    fn releasing_a_descriptor_any_waiting_thread_is_inside_is_flagged() {
+        let head = "\
+100 1.000 socketpair(AF_UNIX, SOCK_STREAM, 0, [7, 8]) = 0
+100 1.000 pipe2([5, 6], 0) = 0
+100 1.000 epoll_create1(EPOLL_CLOEXEC) = 9
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+";
+        let cases = [
+            ("101 1.002 select(8, [5 7], NULL, NULL, NULL <unfinished ...>\n", "close(7) = 0", "select() on it"),
+            ("101 1.002 poll([{fd=5, events=POLLIN}, {fd=7, events=POLLIN}], 2, -1 <unfinished ...>\n", "close(7) = 0", "poll() on it"),
+            ("100 1.001 epoll_ctl(9, EPOLL_CTL_ADD, 7, {events=EPOLLIN, data={u32=7, u64=7}}) = 0\n101 1.002 epoll_wait(9,  <unfinished ...>\n", "close(7) = 0", "waiting for it in its epoll set"),
+            ("101 1.002 read(7,  <unfinished ...>\n", "dup2(5, 7) = 7", "released (by dup2)"),
+            ("101 1.002 recvmsg(7,  <unfinished ...>\n", "close_range(3, 4294967295, 0) = 0", "released (by close_range)"),
+            ("101 1.002 splice(5, NULL, 7, NULL, 4096, 0 <unfinished ...>\n", "dup3(8, 7, O_CLOEXEC) = 7", "splice() on it"),
+        ];
+        for (wait, release, says) in cases {
+            let t = format!("{head}{wait}100 1.003 {release}\n");
+            let v = analyse(&t, LIFECYCLE);
+            assert!(
+                v.iter().any(|v| v.check == "close while in use"
+                    && v.fd == Some(7)
+                    && v.detail.contains(says)),
+                "{release} under {wait}: {v:#?}"
+            );
+        }
+    }
+
+    /// Their correct twins: the set forgets what was removed, a dup2 onto a free number or
+    /// onto itself releases nothing, close_range with CLOEXEC closes nothing.
+    #[test]
+    fn releasing_what_no_thread_waits_for_is_not_flagged() {
+        let t = "\
+100 1.000 socketpair(AF_UNIX, SOCK_STREAM, 0, [7, 8]) = 0
+100 1.000 epoll_create1(EPOLL_CLOEXEC) = 9
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+100 1.001 epoll_ctl(9, EPOLL_CTL_ADD, 7, {events=EPOLLIN, data={u32=7, u64=7}}) = 0
+101 1.002 epoll_wait(9,  <unfinished ...>
+100 1.003 epoll_ctl(9, EPOLL_CTL_DEL, 7, NULL) = 0
+100 1.003 close(7) = 0
+100 1.004 dup2(8, 8) = 8
+100 1.004 dup2(8, 12) = 12
+100 1.005 close_range(3, 4294967295, CLOSE_RANGE_CLOEXEC) = 0
+101 1.006 <... epoll_wait resumed>[], 64, -1) = 0
+";
+        assert!(
+            analyse(t, LIFECYCLE).is_empty(),
+            "{:#?}",
+            analyse(t, LIFECYCLE)
+        );
+    }
+
+    #[test]
+    fn a_select_on_a_closed_descriptor_is_a_use_after_close() {
+        let t = "\
+100 1.000 socketpair(AF_UNIX, SOCK_STREAM, 0, [7, 8]) = 0
+100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101
+101 1.002 select(8, [7], NULL, NULL, NULL) = 1 (in [7])
+100 1.003 close(7) = 0
+101 1.004 select(8, [7], NULL, NULL, NULL) = -1 EBADF (Bad file descriptor)
+";
+        let found = checks_of(t, LIFECYCLE);
+        assert!(found.contains(&"use after close"), "{found:?}");
     }
 
     #[test]
