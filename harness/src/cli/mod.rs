@@ -7,4 +7,5 @@ pub mod rank;
 pub mod report;
 pub mod run;
 pub mod scenarios;
+pub mod shrink;
 pub mod validate;

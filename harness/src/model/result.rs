@@ -84,6 +84,51 @@ pub struct Evidence {
     pub stacks: Vec<Stacks>,
     pub rank_logs: Vec<PathBuf>,
     pub rejected_rendezvous_connections: u64,
+    /// For each failed attempt, the command that reruns it alone.
+    pub replays: Vec<Replay>,
+    /// The points the scenario's steps declare, and how many repeats reached each.
+    pub reach: Vec<Reach>,
+}
+
+/// How to rerun one failed attempt alone, and how often it failed again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Replay {
+    pub repeat: u32,
+    /// The attempt alone: scenario, profile, seed, attempt index, and its perturbations (each
+    /// call chosen by count) and faults spelled out. `--repeat N` replays it N times.
+    pub command: String,
+    /// The same attempt, shrunk to the smallest perturbations and faults that still fail.
+    pub shrink: String,
+    /// Replays of it right after the run: (failed, of).
+    pub replayed: Option<(u32, u32)>,
+}
+
+impl Replay {
+    /// Deterministic, flaky, or not reproduced, from the replays.
+    pub fn stability(&self) -> Option<String> {
+        let (failed, of) = self.replayed?;
+        Some(match failed {
+            _ if failed == of => format!("deterministic: failed {failed} of {of} replays"),
+            0 => format!("not reproduced: passed {of} of {of} replays"),
+            _ => format!("flaky: failed {failed} of {of} replays"),
+        })
+    }
+}
+
+/// A point a step declares its purpose depends on (a receiver blocked when EOF came, say),
+/// and how many repeats reached it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reach {
+    pub point: String,
+    pub meaning: String,
+    /// The scenario fails when no repeat reached it.
+    pub required: bool,
+    pub repeats_reached: u32,
+    pub repeats: u32,
+    /// Times reached, over every rank and repeat.
+    pub times: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

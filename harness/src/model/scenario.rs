@@ -232,13 +232,17 @@ impl AuditCheck {
 #[serde(deny_unknown_fields)]
 pub struct Perturb {
     pub syscall: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_enter: Option<HumanDuration>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_exit: Option<HumanDuration>,
     /// Share of calls delayed, in (0, 1]; the calls chosen follow from the run's seed.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probability: Option<f64>,
+    /// Exactly which calls, counted per thread from 1 (strace's `when=`): `3` (the third),
+    /// `3..7`, `3+2` (the third and every second after it), `3..9+2`. What a replay records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
 }
 
 /// The longest delay a perturbation may inject: longer ones stop measuring races and start
@@ -285,8 +289,61 @@ impl Perturb {
                 return Err(format!("probability must be in (0, 1], got {p}").into());
             }
         }
+        if let Some(w) = &self.when {
+            if self.probability.is_some() {
+                return Err("give either probability or when, not both".into());
+            }
+            parse_when(w).map_err(|e| Invalid::from(format!("when `{w}`: {e}")))?;
+        }
         Ok(())
     }
+
+    /// The same perturbation with the calls it delays spelled out by count (`when`), as the
+    /// run with `seed` chose them: it replays without the seed. `probability` p becomes every
+    /// round(1/p)-th call from an offset drawn from the seed.
+    pub fn exact(&self, seed: u64) -> Perturb {
+        let mut p = self.clone();
+        if let Some(prob) = p.probability.take().filter(|p| *p < 1.0) {
+            let every = (1.0 / prob).round().max(1.0) as u64;
+            let first = 1 + splitmix(seed) % every;
+            p.when = Some(format!("{first}+{every}"));
+        }
+        p
+    }
+}
+
+/// A `when` expression: first[..last][+step], counted from 1.
+pub fn parse_when(w: &str) -> Result<(u64, Option<u64>, Option<u64>), String> {
+    let num = |s: &str| -> Result<u64, String> {
+        let n: u64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{s}` is not a count"))?;
+        if !(1..=65535).contains(&n) {
+            return Err(format!("{n} is out of 1..=65535 (strace's range)"));
+        }
+        Ok(n)
+    };
+    let (range, step) = match w.split_once('+') {
+        Some((r, s)) => (r, Some(num(s)?)),
+        None => (w, None),
+    };
+    let (first, last) = match range.split_once("..") {
+        Some((f, l)) => (num(f)?, Some(num(l)?)),
+        None => (num(range)?, None),
+    };
+    if last.is_some_and(|l| l < first) {
+        return Err("the last call comes before the first".into());
+    }
+    Ok((first, last, step))
+}
+
+/// A seed's well-mixed derivative (splitmix64), so near seeds choose unrelated calls.
+pub fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// Kill or freeze a rank when it reports reaching a named point.

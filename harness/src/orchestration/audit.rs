@@ -119,14 +119,22 @@ pub fn strace_command(
     for (i, p) in perturb.iter().enumerate() {
         args.push(format!(
             "--inject={}",
-            inject_expr(p, seed.wrapping_add(i as u64))
+            inject_expr(&p.exact(seed.wrapping_add(i as u64)))
         ));
     }
     args.extend(["-o".into(), out.display().to_string(), "--".into()]);
     args
 }
 
-fn inject_expr(p: &Perturb, seed: u64) -> String {
+/// Perturbations as a run with `seed` applies them, each with its calls spelled out.
+pub fn exact_perturbations(perturb: &[Perturb], seed: u64) -> Vec<Perturb> {
+    (0..perturb.len())
+        .map(|i| perturb[i].exact(seed.wrapping_add(i as u64)))
+        .collect()
+}
+
+/// strace's `--inject` for an exact perturbation (`when` set, or every call).
+fn inject_expr(p: &Perturb) -> String {
     let mut e = p.syscall.clone();
     if let Some(d) = p.delay_enter {
         e.push_str(&format!(":delay_enter={}", d.0.as_micros().max(1)));
@@ -134,19 +142,10 @@ fn inject_expr(p: &Perturb, seed: u64) -> String {
     if let Some(d) = p.delay_exit {
         e.push_str(&format!(":delay_exit={}", d.0.as_micros().max(1)));
     }
-    if let Some(prob) = p.probability.filter(|p| *p < 1.0) {
-        let every = (1.0 / prob).round().max(1.0) as u64;
-        let first = 1 + splitmix(seed) % every;
-        e.push_str(&format!(":when={first}+{every}"));
+    if let Some(when) = &p.when {
+        e.push_str(&format!(":when={when}"));
     }
     e
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 /// One broken invariant, with the trace lines around it.

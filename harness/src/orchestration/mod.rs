@@ -8,6 +8,7 @@ pub mod launcher;
 pub mod policy;
 pub mod preflight;
 pub mod runner;
+pub mod shrink;
 pub mod slurm_step;
 pub mod verbs_audit;
 pub mod verdict;

@@ -22,8 +22,9 @@ use crate::model::failure::{Failed, Failure};
 use crate::model::known;
 use crate::model::metric::{Metric, SampleKey};
 use crate::model::requirement::{Requirement, SkipCode, SkipReason};
+use crate::model::result::Replay;
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
-use crate::model::scenario::{AuditCheck, Perturb};
+use crate::model::scenario::{AuditCheck, Fault, Perturb};
 use crate::rank::steps::Loaded;
 
 pub struct RunOptions {
@@ -34,6 +35,124 @@ pub struct RunOptions {
     pub strict: bool,
     /// Ignore the audit and perturbations scenarios and the profile ask for.
     pub no_audit: bool,
+    /// Run attempt A of the seed alone (its seed is the run's + A); with `repeat` N, N times.
+    pub attempt: Option<u32>,
+    /// In place of the scenarios' own perturbations and scenario-level faults (what a replay
+    /// line or a shrink gives).
+    pub perturb: Option<Vec<Perturb>>,
+    pub faults: Option<Vec<Fault>>,
+    /// Repeat until the first failure, at most this many attempts (in place of `repeat`).
+    pub until_fail: Option<u32>,
+    /// Replay a scenario's first failed attempt this many times after it, to tell a
+    /// deterministic failure from a flaky one.
+    pub replays: u32,
+    /// How a printed replay line reruns this run.
+    pub rerun: Rerun,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            report_dir: None,
+            filter: None,
+            repeat: None,
+            seed: None,
+            strict: false,
+            no_audit: false,
+            attempt: None,
+            perturb: None,
+            faults: None,
+            until_fail: None,
+            replays: 0,
+            rerun: Rerun::default(),
+        }
+    }
+}
+
+/// The command a replay line starts with (`wringer run --hosts P`), and what ends it: the
+/// scenario file (None) or, for `wringer audit`, `-- PROGRAM ARGS`.
+#[derive(Clone, Debug, Default)]
+pub struct Rerun {
+    pub head: Vec<String>,
+    pub tail: Option<Vec<String>>,
+}
+
+impl Rerun {
+    /// The line that reruns attempt `attempt` of `seed` alone, with `perturb` and `faults`
+    /// spelled out (`--shrink` makes it the shrink command).
+    pub fn line(
+        &self,
+        file: &Path,
+        seed: u64,
+        attempt: u32,
+        perturb: &[Perturb],
+        faults: &[Fault],
+        shrink: bool,
+    ) -> String {
+        let mut w: Vec<String> = self.head.clone();
+        w.extend(["--seed".into(), seed.to_string()]);
+        w.extend(["--attempt".into(), attempt.to_string()]);
+        for p in perturb {
+            w.push("--perturb".into());
+            w.push(flow_yaml(p));
+        }
+        for f in faults {
+            w.push("--fault".into());
+            w.push(flow_yaml(f));
+        }
+        if shrink {
+            w.push("--shrink".into());
+        }
+        match &self.tail {
+            Some(t) => w.extend(t.iter().cloned()),
+            None => w.push(file.display().to_string()),
+        }
+        w.iter()
+            .map(|x| shell_word(x))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// `x` as one line of YAML flow style: `{syscall: poll, delay_exit: 100us, when: 3+2}`.
+pub fn flow_yaml<T: serde::Serialize>(x: &T) -> String {
+    fn value(v: &serde_json::Value) -> String {
+        use serde_json::Value as V;
+        match v {
+            V::Object(m) => {
+                let items: Vec<String> = m
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", value(v)))
+                    .collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            V::Array(a) => format!("[{}]", a.iter().map(value).collect::<Vec<_>>().join(", ")),
+            // Plain unless YAML would read it as a number (or it holds other characters).
+            V::String(s)
+                if s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.+".contains(c))
+                    && s.chars().any(|c| c.is_ascii_alphabetic() || c == '+') =>
+            {
+                s.clone()
+            }
+            other => other.to_string(),
+        }
+    }
+    serde_json::to_value(x)
+        .map(|v| value(&v))
+        .unwrap_or_default()
+}
+
+/// `x` as one shell word: quoted when it holds anything but plain characters.
+pub fn shell_word(x: &str) -> String {
+    let plain = !x.is_empty()
+        && x.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c));
+    if plain {
+        x.to_string()
+    } else {
+        format!("'{}'", x.replace('\'', "'\\''"))
+    }
 }
 
 /// Run the scenarios; returns the process exit code (0 pass/skip, 1 any failure).
@@ -107,17 +226,17 @@ pub fn run(
     // RDMA, in its VMs; the rest run here.
     let rdma_vm = rdma_vm_here(profile, &facts);
     let (for_vm, on_here): (Vec<&Loaded>, Vec<&Loaded>) = match rdma_vm {
-        Some(vm) => {
-            eprintln!(
-                "no RDMA device in this kernel: the scenarios that need RDMA run in the soft-RoCE VMs of {} (WRINGER_NO_VM=1 skips them instead)",
-                vm.file.display()
-            );
-            selected
-                .into_iter()
-                .partition(|l| l.scenario.requires.contains(&Requirement::Rdma))
-        }
+        Some(_) => selected
+            .into_iter()
+            .partition(|l| l.scenario.requires.contains(&Requirement::Rdma)),
         None => (vec![], selected),
     };
+    if let Some(vm) = rdma_vm.filter(|_| !for_vm.is_empty()) {
+        eprintln!(
+            "no RDMA device in this kernel: the scenarios that need RDMA run in the soft-RoCE VMs of {} (WRINGER_NO_VM=1 skips them instead)",
+            vm.file.display()
+        );
+    }
     let cx = RunContext {
         opts,
         seed,
@@ -346,16 +465,37 @@ fn run_scenario(
     let mut result = ScenarioResult::not_run(&s.name, &loaded.path, Verdict::Pass, String::new());
     result.reason = None;
     let steps = loaded.steps();
-    let faults = loaded.faults();
+    let own_faults: Vec<Fault> = match &cx.opts.faults {
+        Some(f) => f.clone(),
+        None => s.faults.iter().map(|f| f.value.clone()).collect(),
+    };
+    let step_faults: Vec<Fault> = s
+        .steps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, st)| crate::model::scenario::StepSpec::faults(&st.value, i))
+        .collect();
+    let faults: Vec<Fault> = own_faults.iter().chain(&step_faults).cloned().collect();
     let mut audit: Vec<AuditCheck> = s.audit.iter().chain(profile_audit).copied().collect();
     audit.sort();
     audit.dedup();
-    let mut perturb: Vec<Perturb> = s.perturb.iter().map(|p| p.value.clone()).collect();
+    let mut perturb: Vec<Perturb> = match &cx.opts.perturb {
+        Some(p) => p.clone(),
+        None => s.perturb.iter().map(|p| p.value.clone()).collect(),
+    };
     if cx.opts.no_audit {
         audit.clear();
         perturb.clear();
     }
-    let repeats = cx.opts.repeat.unwrap_or(s.repeat);
+    let repeats = cx
+        .opts
+        .until_fail
+        .unwrap_or_else(|| cx.opts.repeat.unwrap_or(s.repeat));
+    // Attempt `repeat` runs with the run's seed + its index; `--attempt A` runs A each time.
+    let seed_of = |repeat: u32| {
+        cx.seed
+            .wrapping_add(cx.opts.attempt.unwrap_or(repeat) as u64)
+    };
     let mut seen = Observed::default();
     for repeat in 0..repeats {
         if cx.interrupted.load(Ordering::Relaxed) {
@@ -380,7 +520,7 @@ fn run_scenario(
             steps: &steps,
             faults: &faults,
             deadline: s.deadline.0,
-            seed: cx.seed.wrapping_add(repeat as u64),
+            seed: seed_of(repeat),
             log_dir: &log_dir,
             interrupted: cx.interrupted,
             placement,
@@ -411,6 +551,19 @@ fn run_scenario(
         result.evidence.rejected_rendezvous_connections += attempt.rejected_connections;
         if !failures.is_empty() {
             result.repeats_failed += 1;
+            let index = cx.opts.attempt.unwrap_or(repeat);
+            let exact = super::audit::exact_perturbations(&perturb, seed_of(repeat));
+            let line = |shrink| {
+                cx.opts
+                    .rerun
+                    .line(&loaded.path, cx.seed, index, &exact, &own_faults, shrink)
+            };
+            result.evidence.replays.push(Replay {
+                repeat,
+                command: line(false),
+                shrink: line(true),
+                replayed: None,
+            });
             result
                 .evidence
                 .failures
@@ -447,6 +600,48 @@ fn run_scenario(
         if !result.evidence.stacks.is_empty() || attempt.interrupted {
             break;
         }
+        if cx.opts.until_fail.is_some() && result.repeats_failed > 0 {
+            break;
+        }
+    }
+    // Replay the first failed attempt: deterministic or flaky is part of the evidence.
+    let first_failed = result.evidence.replays.first().map(|r| r.repeat);
+    if let Some(repeat) = first_failed.filter(|_| cx.opts.replays > 0) {
+        let mut failed = 0;
+        let mut of = 0;
+        for n in 0..cx.opts.replays {
+            if cx.interrupted.load(Ordering::Relaxed) {
+                break;
+            }
+            let log_dir = cx
+                .dir
+                .join("logs")
+                .join(&s.name)
+                .join(format!("replay-{repeat}-{n}"));
+            let plan = Plan {
+                audit: &audit,
+                perturb: &perturb,
+                ranks: loaded.ranks(),
+                steps: &steps,
+                faults: &faults,
+                deadline: s.deadline.0,
+                seed: seed_of(repeat),
+                log_dir: &log_dir,
+                interrupted: cx.interrupted,
+                placement,
+            };
+            let attempt = coordinator::run(&plan);
+            of += 1;
+            if !super::verdict::judge(&attempt, &s.expect).is_empty() {
+                failed += 1;
+            } else {
+                drop_traces(&log_dir);
+            }
+            if attempt.hang.is_some() || attempt.interrupted {
+                break;
+            }
+        }
+        result.evidence.replays[0].replayed = Some((failed, of));
     }
     summarise(&mut result, seen);
     if result.repeats_failed > 0 {
@@ -457,14 +652,20 @@ fn run_scenario(
             .first()
             .map(|f| f.to_string())
             .unwrap_or_default();
-        result.reason = Some(if result.repeats > 1 {
+        let mut reason = if result.repeats > 1 {
             format!(
                 "{} of {} repeats failed; first: {first}",
                 result.repeats_failed, result.repeats
             )
         } else {
             first
-        });
+        };
+        if let Some(r) = result.evidence.replays.first() {
+            if let Some(st) = r.stability() {
+                reason.push_str(&format!(" ({st})"));
+            }
+        }
+        result.reason = Some(reason);
     }
     result.duration_s = started.elapsed().as_secs_f64();
     result
