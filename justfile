@@ -5,7 +5,7 @@ default:
     @just --list
 
 # Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
-test: build-deps (apt "chromium" "strace") cuda-tools
+test: build-deps (apt "chromium" "strace") cuda-tools external
     WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
     cargo clippy --workspace --all-targets --all-features -- -D warnings
     # The GPU feature without RDMA must build on its own too.

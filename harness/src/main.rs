@@ -21,6 +21,9 @@ struct Cli {
 enum Command {
     /// Run scenarios and write a report (exit 0: all passed or skipped, 1: a failure, 2: bad input).
     Run(cli::run::Args),
+    /// The lifecycle audit (and perturbations) on any command, no scenario file: `wringer
+    /// audit -- ./my_test` (exit 1: a violation, with its evidence and a replay line).
+    Audit(cli::audit::Args),
     /// List scenarios with their requirements and whether this host profile can run them.
     List(cli::list::Args),
     /// Show what each host of the profile has (probed on the host itself, over SSH for remote
@@ -40,6 +43,7 @@ enum Command {
 fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
         Command::Run(a) => cli::run::run(a),
+        Command::Audit(a) => cli::audit::run(a),
         Command::List(a) => cli::list::run(a),
         Command::Probe(a) => cli::probe::run(a),
         Command::Validate(a) => cli::validate::run(a),

@@ -1,5 +1,6 @@
 //! The subcommands of `wringer`, one module each, above the library's five layers.
 
+pub mod audit;
 pub mod bench;
 pub mod list;
 pub mod probe;

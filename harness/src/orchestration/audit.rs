@@ -1370,6 +1370,7 @@ not-a-pid 1.0 close(3) = 0
             delay_enter: None,
             delay_exit: Some(HumanDuration(std::time::Duration::from_micros(200))),
             probability: Some(0.25),
+            when: None,
         };
         let a = strace_command(&[], std::slice::from_ref(&p), 7, Path::new("/tmp/t"));
         let b = strace_command(&[], std::slice::from_ref(&p), 7, Path::new("/tmp/t"));
@@ -1383,12 +1384,17 @@ not-a-pid 1.0 close(3) = 0
         assert_eq!(&a[a.len() - 3..], ["-o", "/tmp/t", "--"]);
         let always = Perturb {
             probability: None,
-            ..p
+            ..p.clone()
         };
         let c = strace_command(&[], &[always], 7, Path::new("/tmp/t"));
         assert!(
             c.contains(&"--inject=recvfrom:delay_exit=200".to_string()),
             "{c:?}"
         );
+        // The exact form replays the same calls without the seed.
+        let exact = exact_perturbations(std::slice::from_ref(&p), 7);
+        assert_eq!(exact[0].probability, None);
+        let d = strace_command(&[], &exact, 99, Path::new("/tmp/t"));
+        assert_eq!(a, d, "exact perturbations replay without the seed");
     }
 }

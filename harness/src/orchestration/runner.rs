@@ -27,6 +27,7 @@ use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdi
 use crate::model::scenario::{AuditCheck, Fault, Perturb};
 use crate::rank::steps::Loaded;
 
+#[derive(Default)]
 pub struct RunOptions {
     pub report_dir: Option<PathBuf>,
     pub filter: Option<String>,
@@ -48,25 +49,6 @@ pub struct RunOptions {
     pub replays: u32,
     /// How a printed replay line reruns this run.
     pub rerun: Rerun,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        RunOptions {
-            report_dir: None,
-            filter: None,
-            repeat: None,
-            seed: None,
-            strict: false,
-            no_audit: false,
-            attempt: None,
-            perturb: None,
-            faults: None,
-            until_fail: None,
-            replays: 0,
-            rerun: Rerun::default(),
-        }
-    }
 }
 
 /// The command a replay line starts with (`wringer run --hosts P`), and what ends it: the

@@ -441,7 +441,7 @@ mod tests {
 
     #[test]
     fn ddmin_stops_with_what_it_has_when_the_budget_runs_out() {
-        let mut left = 2;
+        let mut left = 3;
         let out = ddmin((0..8).collect::<Vec<u32>>(), &mut |s: &[u32]| {
             if left == 0 {
                 return None;

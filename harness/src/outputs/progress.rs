@@ -63,6 +63,12 @@ impl Reporter for Progress {
                         .map(|x| format!(": {}", printable(x)))
                         .unwrap_or_default()
                 );
+                let mut line = line;
+                if result.verdict == crate::model::result::Verdict::Fail {
+                    for r in super::report::replay_lines(result) {
+                        line.push_str(&format!("\n    {}", printable(&r)));
+                    }
+                }
                 match &self.bar {
                     Some(b) => {
                         b.println(line);

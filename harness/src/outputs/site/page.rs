@@ -451,6 +451,24 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult, run_dir: &std::path::Pa
         }
         h.push_str("</ul>");
     }
+    list(h, "replay", &crate::outputs::report::replay_lines(s));
+    let reach: Vec<String> = s
+        .evidence
+        .reach
+        .iter()
+        .map(|r| {
+            format!(
+                "{}{}: reached in {} of {} repeats ({} times): {}",
+                r.point,
+                if r.required { " (required)" } else { "" },
+                r.repeats_reached,
+                r.repeats,
+                r.times,
+                r.meaning
+            )
+        })
+        .collect();
+    list(h, "reachability", &reach);
     list(h, "faults", &s.evidence.faults);
     list(h, "observations", &s.evidence.notes);
     if !s.metrics.is_empty() {

@@ -1,0 +1,170 @@
+//! `wringer audit [--check …] [--perturb …] -- PROGRAM ARGS…`: the lifecycle audit on any
+//! command, with no scenario file. The command becomes a one-step scenario (an `exec` role,
+//! `--ranks` copies of it), written into the report folder, and runs as `wringer run` runs it:
+//! under strace (children and threads followed), with the same report, replay and shrink lines.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use wringer::hosts::profile as hosts;
+use wringer::model::duration::HumanDuration;
+use wringer::model::scenario::AuditCheck;
+use wringer::orchestration::runner;
+use wringer::outputs::progress::Progress;
+use wringer::outputs::report::ReportWriter;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The checks (default: fd-lifecycle and leaks).
+    #[arg(long = "check", value_enum)]
+    pub checks: Vec<Check>,
+    /// Copies of the command to run side by side; `{rank}`, `{ranks}`, `{dir}` (a folder they
+    /// share) and `{port}` in its arguments are filled in per copy.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub ranks: u32,
+    /// How long the command may run before it is stopped (and its stacks taken).
+    #[arg(long, default_value = "60s", value_parser = |s: &str| HumanDuration::parse(s))]
+    pub deadline: HumanDuration,
+    /// The exit status the command must end with.
+    #[arg(long, default_value_t = 0)]
+    pub exit: i32,
+    /// Repeat the command N times (1 to 10,000).
+    #[arg(long, value_parser = |s: &str| s.parse::<u32>().map_err(|e| wringer::model::invalid::Invalid(e.to_string())).and_then(wringer::model::scenario::check_repeat))]
+    pub repeat: Option<u32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Where to write the report (default: reports/<run-id>/).
+    #[arg(long)]
+    pub report_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub replay: super::run::ReplayArgs,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Check {
+    FdLifecycle,
+    Leaks,
+    UnboundedWaits,
+    VerbsLifecycle,
+}
+
+impl From<Check> for AuditCheck {
+    fn from(c: Check) -> AuditCheck {
+        match c {
+            Check::FdLifecycle => AuditCheck::FdLifecycle,
+            Check::Leaks => AuditCheck::Leaks,
+            Check::UnboundedWaits => AuditCheck::UnboundedWaits,
+            Check::VerbsLifecycle => AuditCheck::VerbsLifecycle,
+        }
+    }
+}
+
+/// `./close_in_use` is run from here; a bare name is looked up as exec steps look it up.
+fn program_path(p: &str) -> String {
+    if p.contains('/') {
+        std::fs::canonicalize(p)
+            .map(|x| x.display().to_string())
+            .unwrap_or_else(|_| p.to_string())
+    } else {
+        p.to_string()
+    }
+}
+
+/// The scenario that runs the command (JSON, which is YAML).
+fn scenario(a: &Args, checks: &[AuditCheck]) -> serde_json::Value {
+    let name = Path::new(&a.command[0])
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let slug: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let deadline = a.deadline.0;
+    serde_json::json!({
+        "name": format!("audit-{}", slug.trim_matches('-')),
+        "description": format!("wringer audit -- {}", a.command.join(" ")),
+        "ranks": a.ranks,
+        "deadline": HumanDuration(deadline + std::time::Duration::from_secs(30)),
+        "audit": checks,
+        "steps": [{ "exec": {
+            "deadline": HumanDuration(deadline),
+            "roles": { "program": {
+                "ranks": (0..a.ranks).collect::<Vec<u32>>(),
+                "program": program_path(&a.command[0]),
+                "args": &a.command[1..],
+                "expect": { "exit": a.exit },
+            }},
+        }}],
+        "expect": {},
+    })
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let mut checks: Vec<AuditCheck> = a.checks.iter().map(|c| (*c).into()).collect();
+    if checks.is_empty() {
+        checks = vec![AuditCheck::FdLifecycle, AuditCheck::Leaks];
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let dir = a
+        .report_dir
+        .clone()
+        .unwrap_or_else(|| Path::new("reports").join(format!("audit-{}", now.as_secs())));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file = dir.join("audit.yaml");
+    let text = serde_json::to_string_pretty(&scenario(&a, &checks))?;
+    std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
+    let loaded = wringer::rank::steps::parse(&file, &text)?;
+    // This machine, and nothing known to fail: an audit judges the command alone.
+    let profile = hosts::parse(
+        Path::new("<wringer audit>"),
+        "name: local\ndescription: this machine (wringer audit)\nkind: local\n",
+    )?;
+    let mut head: Vec<String> = vec!["wringer".into(), "audit".into()];
+    for c in &checks {
+        head.push("--check".into());
+        head.push(serde_json::to_value(c)?.as_str().unwrap_or_default().into());
+    }
+    if a.ranks > 1 {
+        head.extend(["--ranks".into(), a.ranks.to_string()]);
+    }
+    let mut tail = vec!["--".to_string()];
+    tail.extend(a.command.iter().cloned());
+    let opts = runner::RunOptions {
+        report_dir: Some(dir),
+        repeat: a.repeat,
+        seed: a.seed,
+        attempt: a.replay.attempt,
+        perturb: a.replay.perturb(),
+        faults: None,
+        until_fail: a.replay.until_fail,
+        replays: a.replay.replays,
+        rerun: runner::Rerun {
+            head,
+            tail: Some(tail),
+        },
+        ..runner::RunOptions::default()
+    };
+    if a.replay.shrink {
+        return super::shrink::run(vec![loaded], &profile, opts, &a.replay);
+    }
+    let mut progress = Progress::default();
+    let mut files = ReportWriter::default();
+    runner::run(
+        vec![loaded],
+        &profile,
+        &opts,
+        &mut [&mut progress, &mut files],
+    )
+}

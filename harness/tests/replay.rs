@@ -1,0 +1,299 @@
+//! A failure hands back its reproducer: the replay line a failed attempt prints reruns it
+//! alone (10 of 10), `--until-fail` stops at the first failure, `--shrink` reduces a noisy
+//! perturbation list to the one that matters, and `wringer audit -- PROGRAM` audits any command.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+#[cfg_attr(not(feature = "bug-injection"), allow(dead_code))]
+mod common;
+
+use common::repo;
+
+const WRINGER: &str = env!("CARGO_BIN_EXE_wringer");
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wringer-replay-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn wringer(args: &[&str], bug: &str) -> Output {
+    Command::new(WRINGER)
+        .current_dir(repo())
+        .args(args)
+        .env("CI", "true")
+        .env("WRINGER_TRANSPORT_BUG", bug)
+        .output()
+        .unwrap()
+}
+
+fn first_result(dir: &Path) -> Value {
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
+    v["scenarios"][0].clone()
+}
+
+/// A printed line, run as the user would paste it (`wringer` is this build), with more words.
+fn run_line(line: &str, more: &str, bug: &str) -> Output {
+    let rest = line
+        .strip_prefix("wringer ")
+        .expect("a wringer command line");
+    Command::new("bash")
+        .current_dir(repo())
+        .arg("-c")
+        .arg(format!("'{WRINGER}' {rest} {more}"))
+        .env("CI", "true")
+        .env("WRINGER_TRANSPORT_BUG", bug)
+        .output()
+        .unwrap()
+}
+
+#[test]
+#[cfg(feature = "bug-injection")]
+fn a_failed_attempts_replay_line_fails_on_every_one_of_ten_replays() {
+    let dir = temp("close-before-join");
+    let d = dir.display().to_string();
+    let out = wringer(
+        &[
+            "run",
+            "harness/tests/fixtures/audited-teardown.yaml",
+            "--until-fail",
+            "5",
+            "--replays",
+            "2",
+            "--report-dir",
+            &d,
+        ],
+        "close-before-join",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = first_result(&dir);
+    assert_eq!(
+        r["repeats"], 1,
+        "--until-fail stops at the first failure: {r:#}"
+    );
+    let replay = &r["evidence"]["replays"][0];
+    assert_eq!(replay["replayed"], serde_json::json!([2, 2]), "{replay:#}");
+    let line = replay["command"].as_str().unwrap();
+    assert!(
+        line.contains("--seed") && line.contains("--attempt 0"),
+        "{line}"
+    );
+    // The same line is printed, and in summary.md and junit.xml.
+    let printed =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(printed.contains(line), "not printed: {printed}");
+    for f in ["summary.md", "junit.xml"] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        assert!(text.contains("--attempt 0"), "{f}: {text}");
+    }
+    let again = temp("close-before-join-again");
+    let out = run_line(
+        line,
+        &format!("--repeat 10 --replays 0 --report-dir {}", again.display()),
+        "close-before-join",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let r = first_result(&again);
+    assert_eq!(
+        (r["repeats"].as_u64(), r["repeats_failed"].as_u64()),
+        (Some(10), Some(10)),
+        "{r:#}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&again);
+}
+
+#[test]
+#[cfg(feature = "bug-injection")]
+fn until_fail_runs_every_attempt_when_nothing_fails() {
+    let dir = temp("until-fail-correct");
+    let d = dir.display().to_string();
+    let out = wringer(
+        &[
+            "run",
+            "harness/tests/fixtures/audited-teardown.yaml",
+            "--until-fail",
+            "3",
+            "--report-dir",
+            &d,
+        ],
+        "none",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(first_result(&dir)["repeats"], 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn shrink_reduces_eight_perturbations_to_the_one_that_breaks_the_bound() {
+    let dir = temp("noisy");
+    let d = dir.display().to_string();
+    let out = wringer(
+        &[
+            "run",
+            "harness/tests/fixtures/noisy-teardown.yaml",
+            "--replays",
+            "0",
+            "--report-dir",
+            &d,
+        ],
+        "none",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = first_result(&dir);
+    let shrink = r["evidence"]["replays"][0]["shrink"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(shrink.matches("--perturb").count(), 8, "{shrink}");
+    let tries = temp("noisy-shrink");
+    let out = run_line(
+        &shrink,
+        &format!("--shrink-replays 2 --report-dir {}", tries.display()),
+        "none",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kept: Vec<&str> = text.lines().filter(|l| l.starts_with("  - {")).collect();
+    assert_eq!(kept.len(), 1, "{text}");
+    assert!(kept[0].contains("syscall: shutdown"), "{text}");
+    assert!(text.contains("removed: 7 of 8 perturbations"), "{text}");
+    assert!(
+        text.contains("cycles 8 -> "),
+        "the cycles shrink too: {text}"
+    );
+    assert!(text.contains(" runs in "), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&tries);
+}
+
+fn cc(src: &str, out: &Path, correct: bool) {
+    let mut c = Command::new("cc");
+    c.args(["-O0", "-pthread", "-o"])
+        .arg(out)
+        .arg(repo().join(src));
+    if correct {
+        c.arg("-DCORRECT");
+    }
+    assert!(c.status().unwrap().success(), "compiling {src}");
+}
+
+#[test]
+fn wringer_audit_flags_a_broken_program_and_passes_correct_ones_and_gloo() {
+    let dir = temp("audit-cmd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let broken = dir.join("close_in_use");
+    cc(
+        "harness/tests/fixtures/broken/close_in_use.c",
+        &broken,
+        false,
+    );
+    let report = dir.join("broken");
+    let out = Command::new(WRINGER)
+        .args(["audit", "--replays", "0", "--report-dir"])
+        .arg(&report)
+        .arg("--")
+        .arg(&broken)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = first_result(&report);
+    let failures = r["evidence"]["failures"].to_string();
+    assert!(failures.contains("close while in use"), "{failures}");
+    assert!(failures.contains("use after close"), "{failures}");
+    let line = r["evidence"]["replays"][0]["command"].as_str().unwrap();
+    assert!(
+        line.starts_with("wringer audit ") && line.contains(" -- "),
+        "{line}"
+    );
+    assert!(report.join("junit.xml").is_file());
+
+    let twin = dir.join("select_loop_correct");
+    cc(
+        "harness/tests/fixtures/lifecycle/select_loop.c",
+        &twin,
+        true,
+    );
+    let out = Command::new(WRINGER)
+        .args(["audit", "--report-dir"])
+        .arg(dir.join("twin"))
+        .arg("--")
+        .arg(&twin)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // The real Gloo's allreduce, two processes: no violation.
+    let gloo = repo().join("target/external/wringer-gloo");
+    assert!(
+        gloo.is_file(),
+        "{} is missing: `just external` builds it (`just test` does)",
+        gloo.display()
+    );
+    let out = Command::new(WRINGER)
+        .args(["audit", "--ranks", "2", "--report-dir"])
+        .arg(dir.join("gloo"))
+        .arg("--")
+        .arg(&gloo)
+        .args([
+            "--rank",
+            "{rank}",
+            "--size",
+            "{ranks}",
+            "--store",
+            "{dir}",
+            "--host",
+            "{host}",
+            "--timeout-ms",
+            "5000",
+            "--rounds",
+            "5",
+            "--sizes",
+            "64,65536",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let r = first_result(&dir.join("gloo"));
+    assert_eq!(r["verdict"], "pass", "{r:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
