@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long)]
     pub report_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub replay: super::run::ReplayArgs,
+    pub replay: super::replay::ReplayArgs,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
@@ -157,7 +157,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         ..runner::RunOptions::default()
     };
     if a.replay.shrink {
-        return super::shrink::run(vec![loaded], &profile, opts, &a.replay);
+        return super::replay::shrink(vec![loaded], &profile, opts, &a.replay);
     }
     let mut progress = Progress::default();
     let mut files = ReportWriter::default();

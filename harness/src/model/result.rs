@@ -167,6 +167,20 @@ impl ScenarioResult {
         }
     }
 
+    /// Each failed attempt's replay line, how often it failed again, and its shrink line.
+    pub fn replay_lines(&self) -> Vec<String> {
+        let mut out = vec![];
+        for x in &self.evidence.replays {
+            let stability = x.stability().map(|s| format!(" ({s})")).unwrap_or_default();
+            out.push(format!(
+                "replay repeat {}{stability}: {}",
+                x.repeat, x.command
+            ));
+            out.push(format!("shrink it: {}", x.shrink));
+        }
+        out
+    }
+
     /// A scenario skipped for `why`.
     pub fn skipped(name: &str, file: &std::path::Path, why: SkipReason) -> Self {
         let mut r = Self::not_run(name, file, Verdict::Skip, why.to_string());

@@ -65,7 +65,7 @@ impl Reporter for Progress {
                 );
                 let mut line = line;
                 if result.verdict == crate::model::result::Verdict::Fail {
-                    for r in super::report::replay_lines(result) {
+                    for r in result.replay_lines() {
                         line.push_str(&format!("\n    {}", printable(&r)));
                     }
                 }

@@ -209,7 +209,7 @@ impl ReportWriter {
                     "`{}`:\n\n```sh\n",
                     super::progress::printable(&r.name)
                 ));
-                for line in replay_lines(r) {
+                for line in r.replay_lines() {
                     s.push_str(&format!("# {}\n", line.split(": ").next().unwrap_or("")));
                     s.push_str(&super::progress::printable(
                         line.split_once(": ").map(|x| x.1).unwrap_or(""),
@@ -300,24 +300,10 @@ fn evidence_summary(r: &ScenarioResult) -> String {
     for log in &r.evidence.rank_logs {
         s.push_str(&format!("\nrank log: {}", log.display()));
     }
-    for line in replay_lines(r) {
+    for line in r.replay_lines() {
         s.push_str(&format!("\n{line}"));
     }
     s
-}
-
-/// Each failed attempt's replay line, how often it failed again, and its shrink line.
-pub fn replay_lines(r: &ScenarioResult) -> Vec<String> {
-    let mut out = vec![];
-    for x in &r.evidence.replays {
-        let stability = x.stability().map(|s| format!(" ({s})")).unwrap_or_default();
-        out.push(format!(
-            "replay repeat {}{stability}: {}",
-            x.repeat, x.command
-        ));
-        out.push(format!("shrink it: {}", x.shrink));
-    }
-    out
 }
 
 /// Write `path` whole or not at all; a failure (a full disk, say) names the file and leaves no

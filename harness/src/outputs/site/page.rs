@@ -451,7 +451,7 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult, run_dir: &std::path::Pa
         }
         h.push_str("</ul>");
     }
-    list(h, "replay", &crate::outputs::report::replay_lines(s));
+    list(h, "replay", &s.replay_lines());
     let reach: Vec<String> = s
         .evidence
         .reach
