@@ -6,7 +6,7 @@ default:
 
 # Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
 test: build-deps (apt "chromium" "strace") cuda-tools external
-    WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
+    WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
     cargo clippy --workspace --all-targets --all-features -- -D warnings
     # The GPU feature without RDMA must build on its own too.
     cargo clippy -p wringer-transport --features gpu --all-targets -- -D warnings
@@ -139,7 +139,7 @@ rdma-verbs-bugs: build-deps setup-rxe external
     out=reports/rdma-verbs-bugs
     status=0
     cargo build --release -q -p wringer || exit 2
-    target/release/wringer run --hosts hosts/rxe-vm.yaml --report-dir $out/fixture harness/tests/fixtures/exec/verbs-teardown-*.yaml
+    target/release/wringer run --replays 0 --hosts hosts/rxe-vm.yaml --report-dir $out/fixture harness/tests/fixtures/exec/verbs-teardown-*.yaml
     python3 - $out/fixture/results.json <<'PY' || status=1
     import json, sys
     got = {s["name"]: s for s in json.load(open(sys.argv[1]))["scenarios"]}
@@ -153,7 +153,7 @@ rdma-verbs-bugs: build-deps setup-rxe external
     w=target/bug-injection/release/wringer
     for pair in destroy-with-receives-posted:qp-destroyed-with-outstanding-wrs dereg-under-posted-receive:mr-dereg-under-posted-wr buffers-to-pool-before-join:memory-reused-under-posted-wr; do
         bug=${pair%%:*}; check=${pair#*:}
-        WRINGER_TRANSPORT_BUG=$bug $w run --hosts hosts/rxe-vm.yaml --report-dir $out/$bug scenarios/rdma-graceful-shutdown.yaml
+        WRINGER_TRANSPORT_BUG=$bug $w run --replays 0 --hosts hosts/rxe-vm.yaml --report-dir $out/$bug scenarios/rdma-graceful-shutdown.yaml
         code=$?
         if [ $code = 1 ] && grep -q "verbs: $check" $out/$bug/results.json; then
             echo "rdma-verbs-bugs: $bug caught as $check"

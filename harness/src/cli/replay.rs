@@ -29,8 +29,9 @@ pub struct ReplayArgs {
     #[arg(long, conflicts_with_all = ["attempt"], value_parser = |s: &str| s.parse::<u32>().map_err(|e| Invalid(e.to_string())).and_then(wringer::model::scenario::check_repeat))]
     pub until_fail: Option<u32>,
     /// Replay a failed scenario's first failed attempt this many times (deterministic or
-    /// flaky goes into the report); 0 turns it off.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=100))]
+    /// flaky goes into the report); 0 turns it off. Not for a hang, nor for a scenario the
+    /// profile lists as a known failure.
+    #[arg(long, env = "WRINGER_REPLAYS", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=100))]
     pub replays: u32,
     /// Shrink the attempt given by --seed and --attempt: the smallest perturbations, faults
     /// and cycles that still fail on every one of --shrink-replays runs.

@@ -587,8 +587,12 @@ fn run_scenario(
         }
     }
     // Replay the first failed attempt: deterministic or flaky is part of the evidence.
+    // Not a hang (each replay would wait out its deadline again), nor a known failure.
     let first_failed = result.evidence.replays.first().map(|r| r.repeat);
-    if let Some(repeat) = first_failed.filter(|_| cx.opts.replays > 0) {
+    let worth_it = cx.opts.replays > 0
+        && result.evidence.stacks.is_empty()
+        && !cx.known.iter().any(|k| k.matches(&s.name));
+    if let Some(repeat) = first_failed.filter(|_| worth_it) {
         let mut failed = 0;
         let mut of = 0;
         for n in 0..cx.opts.replays {
