@@ -37,6 +37,13 @@ pub enum Failure {
     Leftover { process: String },
     /// A scenario fault whose point no rank reached.
     FaultMissed { detail: String },
+    /// A point the scenario must reach (a race window entered) that no repeat reached: its
+    /// checks passed without being put to the test.
+    NeverReached {
+        point: String,
+        meaning: String,
+        repeats: u32,
+    },
     /// A metric outside its bound; `value: None` means no rank reported it.
     Bound {
         metric: Metric,
@@ -64,13 +71,14 @@ pub enum FailureKind {
     ReconcileDisagreement,
     Leftover,
     FaultMissed,
+    NeverReached,
     Bound,
     Unmet,
     Recorded,
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 12] = [
+    pub const ALL: [FailureKind; 13] = [
         FailureKind::HarnessError,
         FailureKind::Interrupted,
         FailureKind::Watchdog,
@@ -80,6 +88,7 @@ impl FailureKind {
         FailureKind::ReconcileDisagreement,
         FailureKind::Leftover,
         FailureKind::FaultMissed,
+        FailureKind::NeverReached,
         FailureKind::Bound,
         FailureKind::Unmet,
         FailureKind::Recorded,
@@ -96,6 +105,7 @@ impl FailureKind {
             FailureKind::ReconcileDisagreement => "reconcile-disagreement",
             FailureKind::Leftover => "leftover",
             FailureKind::FaultMissed => "fault-missed",
+            FailureKind::NeverReached => "never-reached",
             FailureKind::Bound => "bound",
             FailureKind::Unmet => "unmet",
             FailureKind::Recorded => "recorded",
@@ -121,6 +131,7 @@ impl Failure {
             Failure::ReconcileDisagreement { .. } => FailureKind::ReconcileDisagreement,
             Failure::Leftover { .. } => FailureKind::Leftover,
             Failure::FaultMissed { .. } => FailureKind::FaultMissed,
+            Failure::NeverReached { .. } => FailureKind::NeverReached,
             Failure::Bound { .. } => FailureKind::Bound,
             Failure::Unmet { .. } => FailureKind::Unmet,
             Failure::Recorded { .. } => FailureKind::Recorded,
@@ -145,6 +156,14 @@ impl fmt::Display for Failure {
             }
             Failure::Leftover { process } => write!(f, "process left behind: {process}"),
             Failure::FaultMissed { detail } => f.write_str(detail),
+            Failure::NeverReached {
+                point,
+                meaning,
+                repeats,
+            } => write!(
+                f,
+                "never reached: `{point}` ({meaning}) in any of {repeats} repeats: the checks that depend on it were never put to the test"
+            ),
             Failure::Bound {
                 metric,
                 value: None,

@@ -9,6 +9,7 @@ pub mod invalid;
 pub mod known;
 pub mod metric;
 pub mod name;
+pub mod reach;
 pub mod requirement;
 pub mod result;
 pub mod scenario;

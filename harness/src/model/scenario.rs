@@ -50,6 +50,11 @@ pub trait StepSpec {
     fn points(&self) -> Vec<String> {
         vec![]
     }
+    /// The points its purpose depends on, which its ranks count as they reach them; a
+    /// scenario's `must_reach:` names those it requires.
+    fn reach_points(&self) -> &'static [super::reach::ReachPoint] {
+        &[]
+    }
     /// What its hosts must have (RDMA for a step over `fabric: rdma`): added to the
     /// scenario's own `requires`, so a scenario that forgets one is skipped, not failed.
     fn requires(&self) -> Vec<Requirement> {
@@ -81,6 +86,9 @@ pub struct Scenario<S> {
     /// Syscall delays that widen race windows (under strace too).
     #[serde(default)]
     pub perturb: Vec<Spanned<Perturb>>,
+    /// Points its steps declare that some repeat must reach, or the scenario fails.
+    #[serde(default)]
+    pub must_reach: Vec<Spanned<String>>,
     pub expect: BTreeMap<Metric, Spanned<Bound>>,
     /// Run once per installed release of this program (`torch`): each run is its own
     /// scenario, named with the release, and `{release}` in its exec roles is that release's
@@ -310,6 +318,15 @@ impl Perturb {
         }
         p
     }
+}
+
+/// `its steps report `a`, `b``, or `none` when there are none.
+fn listed<T: AsRef<str>>(names: &[T], intro: &str, none: &str) -> String {
+    if names.is_empty() {
+        return none.to_string();
+    }
+    let quoted: Vec<String> = names.iter().map(|p| format!("`{}`", p.as_ref())).collect();
+    format!("{intro} {}", quoted.join(", "))
 }
 
 /// A `when` expression: first[..last][+step], counted from 1.
@@ -622,17 +639,38 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
             ));
         }
     }
+    let reachable: Vec<&str> = s
+        .steps
+        .iter()
+        .flat_map(|st| st.value.reach_points().iter().map(|p| p.name))
+        .collect();
+    for want in &s.must_reach {
+        if !reachable.contains(&want.value.as_str()) {
+            let known = listed(
+                &reachable,
+                "its steps declare",
+                "its steps declare no points",
+            );
+            return Err(located(
+                path,
+                &want.referenced,
+                format!(
+                    "must_reach `{}`: no step of this scenario declares that point; {known}",
+                    want.value
+                ),
+            ));
+        }
+    }
     let mut points: Vec<String> = s.steps.iter().flat_map(|st| st.value.points()).collect();
     points.sort();
     points.dedup();
     for fault in &s.faults {
         if !points.contains(&fault.value.at) {
-            let known = if points.is_empty() {
-                "no step of this scenario reports a point a fault could strike at".to_string()
-            } else {
-                let quoted: Vec<String> = points.iter().map(|p| format!("`{p}`")).collect();
-                format!("its steps report {}", quoted.join(", "))
-            };
+            let known = listed(
+                &points,
+                "its steps report",
+                "no step of this scenario reports a point a fault could strike at",
+            );
             return Err(located(
                 path,
                 &fault.referenced,
@@ -725,4 +763,54 @@ pub fn discover(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
         }
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn perturb(yaml: &str) -> Perturb {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn when_names_calls_by_count_in_straces_range() {
+        assert_eq!(parse_when("3"), Ok((3, None, None)));
+        assert_eq!(parse_when("3..9+2"), Ok((3, Some(9), Some(2))));
+        assert_eq!(parse_when("1+4"), Ok((1, None, Some(4))));
+        for bad in ["0", "9..3", "x", "3+", "70000", "-1"] {
+            assert!(parse_when(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_perturbation_takes_either_probability_or_when() {
+        assert!(perturb("{ syscall: poll, delay_exit: 1ms, when: \"2+3\" }")
+            .check()
+            .is_ok());
+        let both = perturb("{ syscall: poll, delay_exit: 1ms, when: \"2\", probability: 0.5 }");
+        assert!(both.check().unwrap_err().0.contains("not both"));
+        let bad = perturb("{ syscall: poll, delay_exit: 1ms, when: \"0\" }");
+        assert!(bad.check().unwrap_err().0.contains("when `0`"));
+    }
+
+    #[test]
+    fn the_exact_form_draws_its_calls_from_the_seed_and_keeps_an_explicit_when() {
+        let p = perturb("{ syscall: poll, delay_exit: 1ms, probability: 0.25 }");
+        let e = p.exact(7);
+        assert_eq!(e, p.exact(7));
+        assert_eq!(e.probability, None);
+        let (first, last, step) = parse_when(e.when.as_deref().unwrap()).unwrap();
+        assert!(
+            (1..=4).contains(&first) && last.is_none() && step == Some(4),
+            "{e:?}"
+        );
+        let fixed = perturb("{ syscall: poll, delay_exit: 1ms, when: \"5\" }");
+        assert_eq!(fixed.exact(99), fixed);
+        let always = perturb("{ syscall: poll, delay_exit: 1ms, probability: 1.0 }");
+        assert_eq!(
+            (always.exact(3).when, always.exact(3).probability),
+            (None, None)
+        );
+    }
 }

@@ -22,8 +22,8 @@ use crate::model::failure::{Failed, Failure};
 use crate::model::known;
 use crate::model::metric::{Metric, SampleKey};
 use crate::model::requirement::{Requirement, SkipCode, SkipReason};
-use crate::model::result::Replay;
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
+use crate::model::result::{Reach, Replay};
 use crate::model::scenario::{AuditCheck, Fault, Perturb};
 use crate::rank::steps::Loaded;
 
@@ -479,6 +479,7 @@ fn run_scenario(
             .wrapping_add(cx.opts.attempt.unwrap_or(repeat) as u64)
     };
     let mut seen = Observed::default();
+    let mut reach = declared_points(&steps, s);
     for repeat in 0..repeats {
         if cx.interrupted.load(Ordering::Relaxed) {
             result.evidence.failures.push(Failed {
@@ -508,8 +509,9 @@ fn run_scenario(
             placement,
         };
         let attempt = coordinator::run(&plan);
-        let failures = super::verdict::judge(&attempt, &s.expect);
+        let mut failures = super::verdict::judge(&attempt, &s.expect);
         result.repeats += 1;
+        failures.extend(count_reached(&mut reach, &attempt.reports));
         for (_, r) in &attempt.reports {
             for (k, v) in &r.metrics {
                 seen.metrics.entry(*k).or_default().push(*v);
@@ -630,6 +632,40 @@ fn run_scenario(
         result.evidence.replays[0].replayed = Some((failed, of));
     }
     summarise(&mut result, seen);
+    for r in &mut reach {
+        r.repeats = result.repeats;
+    }
+    // A required point no repeat reached fails the scenario (not when it was cut short).
+    let cut_short = result.evidence.failures.iter().any(|f| {
+        matches!(
+            f.failure,
+            Failure::Interrupted { .. } | Failure::Watchdog { .. }
+        )
+    });
+    let never: Vec<Failed> = reach
+        .iter()
+        .filter(|r| r.required && r.repeats_reached == 0 && r.repeats > 0 && !cut_short)
+        .map(|r| Failed {
+            repeat: None,
+            failure: Failure::NeverReached {
+                point: r.point.clone(),
+                meaning: r.meaning.clone(),
+                repeats: r.repeats,
+            },
+        })
+        .collect();
+    result.evidence.reach = reach;
+    if !never.is_empty() && result.repeats_failed == 0 {
+        result.verdict = Verdict::Fail;
+        result.reason = Some(
+            never
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+    }
+    result.evidence.failures.extend(never);
     if result.repeats_failed > 0 {
         result.verdict = Verdict::Fail;
         let first = result
@@ -655,6 +691,58 @@ fn run_scenario(
     }
     result.duration_s = started.elapsed().as_secs_f64();
     result
+}
+
+/// Every point the scenario's steps declare, once, marked required when it must be reached.
+fn declared_points(
+    steps: &[crate::rank::steps::Step],
+    s: &crate::model::scenario::Scenario<crate::rank::steps::Step>,
+) -> Vec<Reach> {
+    let mut out: Vec<Reach> = vec![];
+    for p in steps
+        .iter()
+        .flat_map(|st| crate::model::scenario::StepSpec::reach_points(st))
+    {
+        if out.iter().all(|r| r.point != p.name) {
+            out.push(Reach {
+                point: p.name.into(),
+                meaning: p.meaning.into(),
+                required: s.must_reach.iter().any(|m| m.value == p.name),
+                ..Reach::default()
+            });
+        }
+    }
+    out
+}
+
+/// One repeat's reports: which points it reached (any rank), and how often. A point no step
+/// declares is a defect of the step kind that reported it.
+fn count_reached(
+    reach: &mut [Reach],
+    reports: &[(u32, crate::rank::protocol::StepReport)],
+) -> Vec<Failure> {
+    let mut undeclared: Vec<Failure> = vec![];
+    for (rank, rep) in reports {
+        for name in rep.reached.keys() {
+            if reach.iter().all(|r| &r.point != name) {
+                undeclared.push(Failure::HarnessError {
+                    detail: format!(
+                        "rank {rank} step {} reported reaching `{name}`, a point its kind does not declare",
+                        rep.step
+                    ),
+                });
+            }
+        }
+    }
+    for r in reach.iter_mut() {
+        let times: u64 = reports
+            .iter()
+            .filter_map(|(_, rep)| rep.reached.get(&r.point))
+            .sum();
+        r.times += times;
+        r.repeats_reached += u32::from(times > 0);
+    }
+    undeclared
 }
 
 fn drop_traces(log_dir: &Path) {
@@ -711,5 +799,63 @@ pub fn latency(samples: &[f64]) -> Latency {
                 )
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rank::protocol::StepReport;
+
+    fn point(name: &str, required: bool) -> Reach {
+        Reach {
+            point: name.into(),
+            required,
+            ..Reach::default()
+        }
+    }
+
+    #[test]
+    fn a_point_counts_once_per_repeat_that_any_rank_reached_and_undeclared_ones_fail() {
+        let mut reach = vec![point("a", true), point("b", false)];
+        let mut r0 = StepReport::new(0);
+        r0.reached.insert("a".into(), 3);
+        let mut r1 = StepReport::new(0);
+        r1.reached.insert("a".into(), 2);
+        let reports = [(0, r0), (1, r1)];
+        assert!(count_reached(&mut reach, &reports).is_empty());
+        assert!(count_reached(&mut reach, &[]).is_empty());
+        assert_eq!((reach[0].repeats_reached, reach[0].times), (1, 5));
+        assert_eq!(reach[1].repeats_reached, 0);
+        let mut stray = StepReport::new(0);
+        stray.reached.insert("stray".into(), 1);
+        let f = count_reached(&mut reach, &[(0, stray)]);
+        assert_eq!(f.len(), 1);
+        assert!(f[0].to_string().contains("`stray`"), "{}", f[0]);
+    }
+
+    #[test]
+    fn a_replay_line_spells_out_seed_attempt_perturbations_and_faults_as_shell_words() {
+        let rerun = Rerun {
+            head: vec![
+                "wringer".into(),
+                "run".into(),
+                "--hosts".into(),
+                "hosts/local.yaml".into(),
+            ],
+            tail: None,
+        };
+        let p: Perturb =
+            serde_saphyr::from_str("{ syscall: poll, delay_exit: 100us, when: \"3+2\" }").unwrap();
+        let f: Fault =
+            serde_saphyr::from_str("{ rank: 1, at: mid-stream, action: sigkill }").unwrap();
+        let line = rerun.line(Path::new("scenarios/x.yaml"), 42, 3, &[p], &[f], false);
+        assert_eq!(
+            line,
+            "wringer run --hosts hosts/local.yaml --seed 42 --attempt 3 \
+             --perturb '{delay_exit: 100us, syscall: poll, when: 3+2}' \
+             --fault '{action: sigkill, at: mid-stream, rank: 1}' scenarios/x.yaml"
+        );
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
     }
 }

@@ -56,6 +56,20 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
     );
     result.reason = None;
     summarise(&mut result, seen);
+    result.evidence.replays.push(crate::model::result::Replay {
+        repeat: 0,
+        command: "wringer run --seed 7 --attempt 0 x.yaml".into(),
+        shrink: "wringer run --seed 7 --attempt 0 --shrink x.yaml".into(),
+        replayed: Some((2, 2)),
+    });
+    result.evidence.reach.push(crate::model::result::Reach {
+        point: "closed-with-receiver-blocked".into(),
+        meaning: "a close under a blocked receiver".into(),
+        required: true,
+        repeats_reached: 3,
+        repeats: 3,
+        times: 7500,
+    });
 
     let dir = temp_dir("series");
     let meta = RunMeta::new("r1".into(), "local".into(), 1, vec![probe::local()], 1);
@@ -102,6 +116,19 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
     assert!(json["scenarios"][0]["metrics"]["rdma_messages"].is_object());
 
     let html = render(&dir);
+    // A failed attempt's replay and shrink lines, and the points reached, are on the page.
+    assert!(
+        html.contains("wringer run --seed 7 --attempt 0 x.yaml"),
+        "no replay line"
+    );
+    assert!(html.contains("deterministic: failed 2 of 2 replays"));
+    assert!(html.contains("--shrink x.yaml"));
+    assert!(
+        html.contains("closed-with-receiver-blocked (required): reached in 3 of 3 repeats"),
+        "no reachability"
+    );
+    assert_eq!(back.evidence.reach.len(), 1);
+    assert_eq!(back.evidence.replays[0].replayed, Some((2, 2)));
     for series in Series::ALL {
         assert!(
             html.contains(&format!(

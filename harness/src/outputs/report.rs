@@ -280,6 +280,13 @@ fn headline_metrics(r: &ScenarioResult) -> String {
     if r.repeats > 1 {
         parts.push(format!("{} repeats", r.repeats));
     }
+    // The points the scenario must reach: in how many repeats it did.
+    for p in r.evidence.reach.iter().filter(|p| p.required) {
+        parts.push(format!(
+            "reached {} in {}/{}",
+            p.point, p.repeats_reached, p.repeats
+        ));
+    }
     parts.join(", ")
 }
 

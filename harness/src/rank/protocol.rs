@@ -84,6 +84,9 @@ pub struct StepReport {
     /// [`StepReport::outcome`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outcomes: Vec<serde_json::Value>,
+    /// Times each declared reachability point was reached.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reached: BTreeMap<String, u64>,
 }
 
 impl StepReport {
@@ -91,6 +94,18 @@ impl StepReport {
         StepReport {
             step,
             ..StepReport::default()
+        }
+    }
+
+    /// This rank reached `point` (once more).
+    pub fn reach(&mut self, point: crate::model::reach::ReachPoint) {
+        *self.reached.entry(point.name.to_string()).or_default() += 1;
+    }
+
+    /// This rank reached `point` `times` times (nothing when 0).
+    pub fn reach_times(&mut self, point: crate::model::reach::ReachPoint, times: u64) {
+        if times > 0 {
+            *self.reached.entry(point.name.to_string()).or_default() += times;
         }
     }
 

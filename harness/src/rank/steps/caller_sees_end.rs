@@ -59,7 +59,16 @@ impl super::Describe for CallerSeesEnd {
     const ABOUT: &'static str = "a reset, truncation or garbage read by a caller reaches every caller, `send` and `flush`";
 }
 
+crate::reach_points! {
+    pub END_READ_BY_A_CALLER = "end-read-by-a-caller",
+        "a caller, not the receiver thread, read the connection's end (reset, truncation or garbage)";
+}
+
 impl StepSpec for CallerSeesEnd {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[END_READ_BY_A_CALLER]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             CASES,
@@ -117,6 +126,9 @@ impl CallerSeesEnd {
                     }
                     late += v.late as u64;
                     by_receiver += v.found_by_receiver as u64;
+                    if !v.found_by_receiver {
+                        report.reach(END_READ_BY_A_CALLER);
+                    }
                     slowest = slowest.max(v.spread_ms);
                     let noted = report.notes.len();
                     if noted < NOTED {

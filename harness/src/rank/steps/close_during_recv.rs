@@ -56,7 +56,21 @@ impl super::Describe for CloseDuringRecv {
     const ABOUT: &'static str = "close with callers blocked in recv: local shutdown and close within a bound";
 }
 
+
+crate::reach_points! {
+    pub RECEIVER_PARKED_AT_CLOSE = "receiver-parked-at-close",
+        "a close came while callers were blocked in recv and the receiver thread was parked aside";
+    pub RECEIVER_WAITING_AT_CLOSE = "receiver-waiting-at-close",
+        "a close came while callers were blocked in recv and the receiver thread waited for bytes";
+    pub CLOSE_WOKE_A_BLOCKED_CALLER = "close-woke-a-blocked-caller",
+        "a caller blocked in recv was woken by the close with local shutdown";
+}
+
 impl StepSpec for CloseDuringRecv {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[RECEIVER_PARKED_AT_CLOSE, RECEIVER_WAITING_AT_CLOSE, CLOSE_WOKE_A_BLOCKED_CALLER]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             CYCLES,
@@ -125,6 +139,10 @@ impl CloseDuringRecv {
                 Receiver::Parked => parked += 1,
                 Receiver::Waiting => waiting += 1,
             }
+            report.reach(match c.receiver {
+                Receiver::Parked => RECEIVER_PARKED_AT_CLOSE,
+                Receiver::Waiting => RECEIVER_WAITING_AT_CLOSE,
+            });
             close_ms.push(c.close_ms);
             let mut failed = false;
             if c.close_ms > bound_ms {
@@ -141,6 +159,9 @@ impl CloseDuringRecv {
             for (k, (outcome, ms)) in c.callers.iter().enumerate() {
                 wake_max = wake_max.max(*ms);
                 let local = matches!(outcome, Err(Error::Closed));
+                if local {
+                    report.reach(CLOSE_WOKE_A_BLOCKED_CALLER);
+                }
                 if !local || *ms > bound_ms {
                     not_woken += 1;
                     failed = true;

@@ -65,7 +65,16 @@ impl super::Describe for HandoverOrder {
     const ABOUT: &'static str = "frames in order and exactly once across a caller's own reads, the receiver's queue, the hand-over between them and several callers (a scripted raw peer)";
 }
 
+crate::reach_points! {
+    pub READ_SIDE_HANDED_OVER = "read-side-handed-over",
+        "a caller took the read side over from the receiver thread, which had queued frames before it";
+}
+
 impl StepSpec for HandoverOrder {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[READ_SIDE_HANDED_OVER]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             FRAMES_DELIVERED,
@@ -182,6 +191,7 @@ impl<'a> Reader<'a> {
         m.insert(FRAMES_FROM_QUEUE, stats.frames_dequeued as f64);
         m.insert(READ_HANDOVERS, stats.handovers as f64);
         m.insert(HANDOVER_ROUNDS, self.handover_rounds as f64);
+        report.reach_times(READ_SIDE_HANDED_OVER, stats.handovers);
         report.notes.push(format!(
             "{} frames in {} rounds: {} read by a caller itself, {} taken from the receiver's \
              queue, {} hand-overs of the read side, {} rounds with a caller arriving while the \

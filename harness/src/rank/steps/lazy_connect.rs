@@ -42,7 +42,16 @@ impl super::Describe for LazyConnect {
     const ABOUT: &'static str = "Gloo's listener-side cases (timeouts, late sockets, duplicates, shutdown)";
 }
 
+crate::reach_points! {
+    pub SHUTDOWN_WITH_WAITERS_PENDING = "shutdown-with-waiters-pending",
+        "the listener shut down with three lazy-connect waits pending";
+}
+
 impl StepSpec for LazyConnect {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[SHUTDOWN_WITH_WAITERS_PENDING]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             LISTENER_TIMEOUT_FIRED,
@@ -241,6 +250,8 @@ fn listener_side(
         SHUTDOWN_RELEASE_MS,
         started.elapsed().as_secs_f64() * 1e3,
     );
+    // The three waits were pending when it shut down (or the step bailed above).
+    report.reach(SHUTDOWN_WITH_WAITERS_PENDING);
     b("done")?;
     Ok(())
 }

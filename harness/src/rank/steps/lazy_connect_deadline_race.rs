@@ -76,7 +76,16 @@ impl super::Describe for LazyConnectDeadlineRace {
     const ABOUT: &'static str = "hundreds of connects across the wait's deadline; both sides must agree on each";
 }
 
+crate::reach_points! {
+    pub CONNECTED_IN_LAST_MS = "connected-in-last-ms",
+        "a connection reached the listener's wait within 1 ms of its deadline";
+}
+
 impl StepSpec for LazyConnectDeadlineRace {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[CONNECTED_IN_LAST_MS]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             ATTEMPTS,
@@ -115,7 +124,12 @@ impl StepKind for LazyConnectDeadlineRace {
             ctx.pair_barrier(step, &format!("attempt-{i}"), deadline)?;
             let sequence = seq(step, i as u64);
             let outcome = if ctx.rank == 0 {
-                match ctx.listener.wait_for(sequence, wait) {
+                let waited = std::time::Instant::now();
+                let got = ctx.listener.wait_for(sequence, wait);
+                if got.is_ok() && waited.elapsed() + Duration::from_millis(1) >= wait {
+                    report.reach(CONNECTED_IN_LAST_MS);
+                }
+                match got {
                     // The initiator proves the connection works from its side too.
                     Ok(conn) => match conn.recv(PROOF_LIMIT) {
                         Ok(_) => Seen::Connected,

@@ -58,7 +58,18 @@ impl super::Describe for MidFrameDeadlines {
     const ABOUT: &'static str = "`recv` deadlines expiring at seeded cuts inside headers and payloads; each frame then whole";
 }
 
+crate::reach_points! {
+    pub TIMEOUT_MID_HEADER = "timeout-mid-header",
+        "a recv deadline expired with part of a frame's header read";
+    pub TIMEOUT_MID_PAYLOAD = "timeout-mid-payload",
+        "a recv deadline expired with part of a frame's payload read";
+}
+
 impl StepSpec for MidFrameDeadlines {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[TIMEOUT_MID_HEADER, TIMEOUT_MID_PAYLOAD]
+    }
+
     fn metrics(&self) -> &'static [Metric] {
         &[
             FRAMES_INTACT,
@@ -187,6 +198,8 @@ impl MidFrameDeadlines {
         }
         conn.close()?;
         stop_peer(ctx, PATIENCE)?;
+        report.reach_times(TIMEOUT_MID_HEADER, in_header);
+        report.reach_times(TIMEOUT_MID_PAYLOAD, in_payload);
         let m = &mut report.metrics;
         m.insert(FRAMES_INTACT, intact as f64);
         m.insert(FRAMES_LOST_AFTER_TIMEOUT, lost as f64);

@@ -231,6 +231,9 @@ impl StepSpec for Step {
     fn points(&self) -> Vec<String> {
         self.kind().points()
     }
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        self.kind().reach_points()
+    }
     fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
         self.kind().requires()
     }

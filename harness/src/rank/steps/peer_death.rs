@@ -41,7 +41,18 @@ impl super::Describe for PeerDeath {
         "a streaming peer (TCP or RDMA) killed or frozen; the survivor detects it in time";
 }
 
+crate::reach_points! {
+    pub PEER_END_WHILE_RECEIVING = "peer-end-while-receiving",
+        "the dead peer's end (EOF, reset, error completion) reached the survivor while it was blocked receiving";
+    pub SILENCE_OUTLASTED_TIMEOUT = "silence-outlasted-timeout",
+        "the survivor's receive timed out on a silent (frozen) peer";
+}
+
 impl StepSpec for PeerDeath {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[PEER_END_WHILE_RECEIVING, SILENCE_OUTLASTED_TIMEOUT]
+    }
+
     fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
         self.fabric.requires()
     }
@@ -101,6 +112,13 @@ impl StepKind for PeerDeath {
             }
         };
         let detect_ms = last_ok.elapsed().as_secs_f64() * 1e3;
+        // The peer's end (EOF, reset, an error completion) came before the recv's own timeout:
+        // it arrived while the survivor was blocked receiving. Otherwise silence outlasted it.
+        report.reach(if last_ok.elapsed() < detect_timeout.mul_f64(0.9) {
+            PEER_END_WHILE_RECEIVING
+        } else {
+            SILENCE_OUTLASTED_TIMEOUT
+        });
         report.metrics.insert(SURVIVOR_DETECTED, 1.0);
         report.metrics.insert(DETECT_MS, detect_ms);
         report.notes.push(format!(

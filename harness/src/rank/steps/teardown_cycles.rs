@@ -24,6 +24,12 @@ crate::declare_metrics! {
     pub CLOSER_NOT_LOCAL_SHUTDOWN = "closer_not_local_shutdown", Count, Lower;
 }
 
+
+crate::reach_points! {
+    pub CLOSED_WITH_RECEIVER_BLOCKED = "closed-with-receiver-blocked",
+        "rank 0 tore a connection down while its receiver thread was blocked in recv on it (the MSCCL++ race window)";
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TeardownCycles {
@@ -46,6 +52,10 @@ impl StepSpec for TeardownCycles {
             THREAD_DELTA,
             CLOSER_NOT_LOCAL_SHUTDOWN,
         ]
+    }
+
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[CLOSED_WITH_RECEIVER_BLOCKED]
     }
 
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
@@ -102,6 +112,9 @@ pub fn run(
                 Err(wringer_transport::Error::Receiver(e)) if e.is_ebadf() => ebadf += 1,
                 other => bail!("cycle {i}: expected the peer to close, got {other:?}"),
             }
+        }
+        if ctx.rank == 0 && conn.receiver_blocked_in_recv() {
+            report.reach(CLOSED_WITH_RECEIVER_BLOCKED);
         }
         let started = Instant::now();
         conn.close()?;
