@@ -118,6 +118,9 @@ pub struct Core {
     /// Barrier name -> its members, for barriers that named them.
     members: BTreeMap<String, BTreeSet<u32>>,
     struck: BTreeSet<usize>,
+    /// How many times each rank reported each point: a fault is recorded against the count
+    /// (the Nth `mid-stream` of rank 1), which replays whatever the timing.
+    reported: BTreeMap<(u32, String), u32>,
     /// Fault index -> (ranks hit, where it struck).
     pending: BTreeMap<usize, (Vec<u32>, String)>,
     started_steps: bool,
@@ -135,6 +138,7 @@ impl Core {
             barriers: BTreeMap::new(),
             members: BTreeMap::new(),
             struck: BTreeSet::new(),
+            reported: BTreeMap::new(),
             pending: BTreeMap::new(),
             started_steps: false,
             over: false,
@@ -284,6 +288,11 @@ impl Core {
     /// A rank reached a named point: strike every fault set there (once each), then let the
     /// rank go on.
     fn point(&mut self, now: Instant, rank: u32, step: usize, name: &str, acts: &mut Vec<Action>) {
+        let nth = {
+            let n = self.reported.entry((rank, name.to_string())).or_default();
+            *n += 1;
+            *n
+        };
         for (i, f) in self.cfg.faults.iter().enumerate() {
             if f.rank == rank && f.at == name && self.struck.insert(i) {
                 let hit: Vec<u32> = if f.action.is_host_level() {
@@ -296,7 +305,7 @@ impl Core {
                 };
                 let at = now.saturating_duration_since(self.started_at);
                 let place = format!(
-                    "at `{name}` (step {step}) {:.0} ms into the run",
+                    "at `{name}` (occurrence {nth} on rank {rank}, step {step}) {:.0} ms into the run",
                     at.as_secs_f64() * 1e3
                 );
                 self.pending.insert(i, (hit, place));

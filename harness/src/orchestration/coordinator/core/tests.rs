@@ -375,7 +375,8 @@ fn a_fault_strikes_at_its_point_before_the_rank_is_released() {
     });
     let o = h.outcome();
     assert_eq!(o.faulted_ranks, vec![1]);
-    assert!(o.faults_struck[0].contains("Sigkill to rank 1 at `mid-stream` (step 0) 70 ms"));
+    assert!(o.faults_struck[0]
+        .contains("Sigkill to rank 1 at `mid-stream` (occurrence 1 on rank 1, step 0) 70 ms"));
 }
 
 fn released(acts: &[Action], barrier: &str) -> Vec<u32> {
