@@ -24,6 +24,9 @@ enum Command {
     /// The lifecycle audit (and perturbations) on any command, no scenario file: `wringer
     /// audit -- ./my_test` (exit 1: a violation, with its evidence and a replay line).
     Audit(cli::audit::Args),
+    /// Shrink a failed attempt (`wringer run --shrink`): the same arguments as `run`, with the
+    /// failed attempt's --seed and --attempt from its replay line.
+    Shrink(cli::run::Args),
     /// List scenarios with their requirements and whether this host profile can run them.
     List(cli::list::Args),
     /// Show what each host of the profile has (probed on the host itself, over SSH for remote
@@ -44,6 +47,10 @@ fn main() -> ExitCode {
     let outcome = match Cli::parse().command {
         Command::Run(a) => cli::run::run(a),
         Command::Audit(a) => cli::audit::run(a),
+        Command::Shrink(mut a) => {
+            a.replay.shrink = true;
+            cli::run::run(a)
+        }
         Command::List(a) => cli::list::run(a),
         Command::Probe(a) => cli::probe::run(a),
         Command::Validate(a) => cli::validate::run(a),

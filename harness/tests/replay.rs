@@ -297,3 +297,16 @@ fn wringer_audit_flags_a_broken_program_and_passes_correct_ones_and_gloo() {
     assert_eq!(r["verdict"], "pass", "{r:#}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_shrink_without_the_attempt_it_shrinks_is_bad_input() {
+    let out = wringer(&["shrink", "scenarios/tcp-teardown-cycles.yaml"], "none");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--seed and --attempt"), "{err}");
+    let out = wringer(
+        &["run", "--shrink", "scenarios/tcp-teardown-cycles.yaml"],
+        "none",
+    );
+    assert_eq!(out.status.code(), Some(2), "--shrink requires --attempt");
+}

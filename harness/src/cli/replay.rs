@@ -78,6 +78,14 @@ pub fn shrink(
     opts: RunOptions,
     a: &ReplayArgs,
 ) -> anyhow::Result<i32> {
+    if opts.seed.is_none() || opts.attempt.is_none() {
+        return Err(wringer::model::input::InputError::plain(
+            std::path::Path::new("<command line>"),
+            "a shrink needs --seed and --attempt: the failed attempt's replay line gives both"
+                .to_string(),
+        )
+        .into());
+    }
     let chosen: Vec<Loaded> = scenarios
         .into_iter()
         .filter(|l| {

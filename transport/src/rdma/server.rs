@@ -63,6 +63,9 @@ pub struct ServerStats {
     pub stats_max_lock_wait: Duration,
     /// The longest a disconnect waited for its worker to leave (signal to join).
     pub max_worker_exit: Duration,
+    /// Samples the stats thread took while a worker was being joined: the window in which a
+    /// join under the registry lock (DAQIRI's deadlock) would stall it.
+    pub stats_samples_during_joins: u64,
 }
 
 struct Worker {
@@ -86,6 +89,9 @@ struct Shared {
     /// Longest registry-lock wait of the stats thread, and longest worker exit (nanoseconds).
     stats_max_lock_wait_ns: AtomicU64,
     max_worker_exit_ns: AtomicU64,
+    /// Joins in progress, and the stats samples taken during one.
+    joining: AtomicU64,
+    samples_during_joins: AtomicU64,
     /// Test-only ([`crate::injected::Bug::BuffersToPoolBeforeJoin`]): a second owner of each
     /// connection's buffers, and the joins done off the CM thread.
     #[cfg(feature = "bug-injection")]
@@ -140,6 +146,8 @@ impl RdmaServer {
             live_messages: Mutex::new(HashMap::new()),
             stats_max_lock_wait_ns: AtomicU64::new(0),
             max_worker_exit_ns: AtomicU64::new(0),
+            joining: AtomicU64::new(0),
+            samples_during_joins: AtomicU64::new(0),
             #[cfg(feature = "bug-injection")]
             early: Mutex::default(),
         });
@@ -179,6 +187,7 @@ impl RdmaServer {
                 s.stats_max_lock_wait_ns.load(Ordering::Relaxed),
             ),
             max_worker_exit: Duration::from_nanos(s.max_worker_exit_ns.load(Ordering::Relaxed)),
+            stats_samples_during_joins: s.samples_during_joins.load(Ordering::Relaxed),
         }
     }
 
@@ -248,7 +257,7 @@ fn disconnect(shared: &Arc<Shared>, key: usize) {
     #[cfg(feature = "bug-injection")]
     if crate::injected::bug() == Some(crate::injected::Bug::LockAcrossJoin) {
         // DAQIRI's deadlock half, test-only: the join happens with the lock still held.
-        let joined = worker.handle.join();
+        let joined = joining(shared, || worker.handle.join());
         drop(registry);
         return finish_disconnect(shared, key, worker.interface, joined, signalled);
     }
@@ -275,7 +284,16 @@ fn disconnect(shared: &Arc<Shared>, key: usize) {
         lock(&shared.early).1.push(join);
         return;
     }
-    finish_disconnect(shared, key, interface, handle.join(), signalled);
+    let joined = joining(shared, || handle.join());
+    finish_disconnect(shared, key, interface, joined, signalled);
+}
+
+/// A join, counted as in progress while it runs (for the stats thread's samples).
+fn joining<T>(shared: &Shared, join: impl FnOnce() -> T) -> T {
+    shared.joining.fetch_add(1, Ordering::AcqRel);
+    let out = join();
+    shared.joining.fetch_sub(1, Ordering::AcqRel);
+    out
 }
 
 /// After the join: return the worker's buffers to the pool, and account for it.
@@ -489,6 +507,9 @@ fn stats_loop(shared: &Shared, period: Duration) {
             shared
                 .stats_max_lock_wait_ns
                 .fetch_max(waited, Ordering::Relaxed);
+            if shared.joining.load(Ordering::Acquire) > 0 {
+                shared.samples_during_joins.fetch_add(1, Ordering::Relaxed);
+            }
             let live = lock(&shared.live_messages);
             let _total: u64 = registry
                 .keys()

@@ -45,7 +45,16 @@ impl super::Describe for RdmaGracefulShutdown {
     const ABOUT: &'static str = "DAQIRI-shaped server: workers joined, pool returned, stats thread live";
 }
 
+crate::reach_points! {
+    pub STATS_SAMPLED_DURING_A_JOIN = "stats-sampled-during-a-join",
+        "the stats thread read the connection registry while a worker was being joined (where a join under the registry lock would stall it: DAQIRI's deadlock)";
+}
+
 impl StepSpec for RdmaGracefulShutdown {
+    fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
+        &[STATS_SAMPLED_DURING_A_JOIN]
+    }
+
     fn requires(&self) -> Vec<crate::model::requirement::Requirement> {
         vec![crate::model::requirement::Requirement::Rdma]
     }
@@ -129,6 +138,7 @@ pub fn graceful_shutdown(
             RDMA_WORKER_EXIT_MS,
             stats.max_worker_exit.as_secs_f64() * 1e3,
         );
+        report.reach_times(STATS_SAMPLED_DURING_A_JOIN, stats.stats_samples_during_joins);
         report.notes.push(format!(
             "server: {stats:?}; every worker's buffers came back after its join: {}",
             served.iter().all(|s| s.buffers_returned_after_join)
