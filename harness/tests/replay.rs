@@ -237,6 +237,13 @@ fn wringer_audit_flags_a_broken_program_and_passes_correct_ones_and_gloo() {
     );
     assert!(report.join("junit.xml").is_file());
 
+    // A command that is not there is bad input, not a skip.
+    let out = Command::new(WRINGER)
+        .args(["audit", "--", "/nonexistent/wringer-test-program"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+
     let twin = dir.join("select_loop_correct");
     cc(
         "harness/tests/fixtures/lifecycle/select_loop.c",

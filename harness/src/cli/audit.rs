@@ -110,6 +110,17 @@ fn scenario(a: &Args, checks: &[AuditCheck]) -> serde_json::Value {
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
+    // A command that is not there is a mistake in the command line, not a skip.
+    let program = program_path(&a.command[0]);
+    if wringer::hosts::programs::resolve(&program, &wringer::hosts::programs::search_path())
+        .is_none()
+    {
+        return Err(wringer::model::input::InputError::plain(
+            Path::new(&a.command[0]),
+            "no such program here (nor on PATH or among the programs `just external` builds)",
+        )
+        .into());
+    }
     let mut checks: Vec<AuditCheck> = a.checks.iter().map(|c| (*c).into()).collect();
     if checks.is_empty() {
         checks = vec![AuditCheck::FdLifecycle, AuditCheck::Leaks];
