@@ -36,6 +36,15 @@ fn first_result(dir: &Path) -> Value {
     v["scenarios"][0].clone()
 }
 
+/// `wringer run FILE EXTRA… --report-dir DIR` with `bug` switched in.
+fn run_fixture(file: &str, extra: &[&str], dir: &Path, bug: &str) -> Output {
+    let d = dir.display().to_string();
+    let mut args = vec!["run", file];
+    args.extend_from_slice(extra);
+    args.extend(["--report-dir", d.as_str()]);
+    wringer(&args, bug)
+}
+
 /// A printed line, run as the user would paste it (`wringer` is this build), with more words.
 fn run_line(line: &str, more: &str, bug: &str) -> Output {
     let rest = line
@@ -55,18 +64,10 @@ fn run_line(line: &str, more: &str, bug: &str) -> Output {
 #[cfg(feature = "bug-injection")]
 fn a_failed_attempts_replay_line_fails_on_every_one_of_ten_replays() {
     let dir = temp("close-before-join");
-    let d = dir.display().to_string();
-    let out = wringer(
-        &[
-            "run",
-            "harness/tests/fixtures/audited-teardown.yaml",
-            "--until-fail",
-            "5",
-            "--replays",
-            "2",
-            "--report-dir",
-            &d,
-        ],
+    let out = run_fixture(
+        "harness/tests/fixtures/audited-teardown.yaml",
+        &["--until-fail", "5", "--replays", "2"],
+        &dir,
         "close-before-join",
     );
     assert_eq!(
@@ -116,16 +117,10 @@ fn a_failed_attempts_replay_line_fails_on_every_one_of_ten_replays() {
 #[cfg(feature = "bug-injection")]
 fn until_fail_runs_every_attempt_when_nothing_fails() {
     let dir = temp("until-fail-correct");
-    let d = dir.display().to_string();
-    let out = wringer(
-        &[
-            "run",
-            "harness/tests/fixtures/audited-teardown.yaml",
-            "--until-fail",
-            "3",
-            "--report-dir",
-            &d,
-        ],
+    let out = run_fixture(
+        "harness/tests/fixtures/audited-teardown.yaml",
+        &["--until-fail", "3"],
+        &dir,
         "none",
     );
     assert_eq!(
@@ -141,16 +136,10 @@ fn until_fail_runs_every_attempt_when_nothing_fails() {
 #[test]
 fn shrink_reduces_eight_perturbations_to_the_one_that_breaks_the_bound() {
     let dir = temp("noisy");
-    let d = dir.display().to_string();
-    let out = wringer(
-        &[
-            "run",
-            "harness/tests/fixtures/noisy-teardown.yaml",
-            "--replays",
-            "0",
-            "--report-dir",
-            &d,
-        ],
+    let out = run_fixture(
+        "harness/tests/fixtures/noisy-teardown.yaml",
+        &["--replays", "0"],
+        &dir,
         "none",
     );
     assert_eq!(

@@ -5,7 +5,7 @@ use wringer::hosts::profile::HostProfile;
 use wringer::model::duration::HumanDuration;
 use wringer::model::invalid::Invalid;
 use wringer::model::scenario::{Fault, Perturb};
-use wringer::orchestration::runner::RunOptions;
+use wringer::orchestration::runner::{self, RunOptions};
 use wringer::orchestration::shrink;
 use wringer::rank::steps::Loaded;
 
@@ -88,11 +88,7 @@ pub fn shrink(
     }
     let chosen: Vec<Loaded> = scenarios
         .into_iter()
-        .filter(|l| {
-            opts.filter
-                .as_deref()
-                .is_none_or(|f| l.scenario.name.contains(f))
-        })
+        .filter(|l| runner::selects(opts.filter.as_deref(), l))
         .collect();
     let [loaded] = <[Loaded; 1]>::try_from(chosen).map_err(|v| {
         anyhow::anyhow!(

@@ -204,12 +204,16 @@ impl<S: StepSpec> Scenario<S> {
     /// The scenario's faults and those its steps ask for.
     pub fn all_faults(&self) -> Vec<Fault> {
         let own = self.faults.iter().map(|f| f.value.clone());
-        let steps = self
-            .steps
+        own.chain(self.step_faults()).collect()
+    }
+
+    /// The faults its steps ask for (exec roles'), without the scenario-level ones.
+    pub fn step_faults(&self) -> Vec<Fault> {
+        self.steps
             .iter()
             .enumerate()
-            .flat_map(|(i, s)| s.value.faults(i));
-        own.chain(steps).collect()
+            .flat_map(|(i, s)| s.value.faults(i))
+            .collect()
     }
 }
 

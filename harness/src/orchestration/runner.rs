@@ -159,16 +159,7 @@ pub fn run(
     signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&interrupted))?;
     let selected: Vec<&Loaded> = scenarios
         .iter()
-        .filter(|s| {
-            opts.filter.as_deref().is_none_or(|f| {
-                s.scenario.name.contains(f)
-                    || s.scenario.file_name().contains(f)
-                    || s.scenario
-                        .requires
-                        .iter()
-                        .any(|r| format!("{r:?}").eq_ignore_ascii_case(f))
-            })
-        })
+        .filter(|l| selects(opts.filter.as_deref(), l))
         .collect();
     // Hosts come up once per run (containers started, the binary deployed over SSH, VMs
     // booted), and are probed where they are.
@@ -249,6 +240,19 @@ pub fn run(
         1
     } else {
         0
+    })
+}
+
+/// Whether `--filter` picks the scenario: by its name, its file's name, or a requirement
+/// (`xhost`, `rdma`).
+pub fn selects(filter: Option<&str>, l: &Loaded) -> bool {
+    filter.is_none_or(|f| {
+        l.scenario.name.contains(f)
+            || l.scenario.file_name().contains(f)
+            || l.scenario
+                .requires
+                .iter()
+                .any(|r| format!("{r:?}").eq_ignore_ascii_case(f))
     })
 }
 
@@ -451,13 +455,7 @@ fn run_scenario(
         Some(f) => f.clone(),
         None => s.faults.iter().map(|f| f.value.clone()).collect(),
     };
-    let step_faults: Vec<Fault> = s
-        .steps
-        .iter()
-        .enumerate()
-        .flat_map(|(i, st)| crate::model::scenario::StepSpec::faults(&st.value, i))
-        .collect();
-    let faults: Vec<Fault> = own_faults.iter().chain(&step_faults).cloned().collect();
+    let faults: Vec<Fault> = own_faults.iter().cloned().chain(s.step_faults()).collect();
     let mut audit: Vec<AuditCheck> = s.audit.iter().chain(profile_audit).copied().collect();
     audit.sort();
     audit.dedup();
@@ -478,6 +476,23 @@ fn run_scenario(
         cx.seed
             .wrapping_add(cx.opts.attempt.unwrap_or(repeat) as u64)
     };
+    // Attempt `repeat` (a repeat, or a replay of one), its logs in `folder`.
+    let run_attempt = |repeat: u32, folder: String| {
+        let log_dir = cx.dir.join("logs").join(&s.name).join(folder);
+        let plan = Plan {
+            audit: &audit,
+            perturb: &perturb,
+            ranks: loaded.ranks(),
+            steps: &steps,
+            faults: &faults,
+            deadline: s.deadline.0,
+            seed: seed_of(repeat),
+            log_dir: &log_dir,
+            interrupted: cx.interrupted,
+            placement,
+        };
+        (coordinator::run(&plan), log_dir)
+    };
     let mut seen = Observed::default();
     let mut reach = declared_points(&steps, s);
     for repeat in 0..repeats {
@@ -491,24 +506,7 @@ fn run_scenario(
             result.repeats_failed += 1;
             break;
         }
-        let log_dir = cx
-            .dir
-            .join("logs")
-            .join(&s.name)
-            .join(format!("repeat-{repeat}"));
-        let plan = Plan {
-            audit: &audit,
-            perturb: &perturb,
-            ranks: loaded.ranks(),
-            steps: &steps,
-            faults: &faults,
-            deadline: s.deadline.0,
-            seed: seed_of(repeat),
-            log_dir: &log_dir,
-            interrupted: cx.interrupted,
-            placement,
-        };
-        let attempt = coordinator::run(&plan);
+        let (attempt, log_dir) = run_attempt(repeat, format!("repeat-{repeat}"));
         let mut failures = super::verdict::judge(&attempt, &s.expect);
         result.repeats += 1;
         failures.extend(count_reached(&mut reach, &attempt.reports));
@@ -601,24 +599,7 @@ fn run_scenario(
             if cx.interrupted.load(Ordering::Relaxed) {
                 break;
             }
-            let log_dir = cx
-                .dir
-                .join("logs")
-                .join(&s.name)
-                .join(format!("replay-{repeat}-{n}"));
-            let plan = Plan {
-                audit: &audit,
-                perturb: &perturb,
-                ranks: loaded.ranks(),
-                steps: &steps,
-                faults: &faults,
-                deadline: s.deadline.0,
-                seed: seed_of(repeat),
-                log_dir: &log_dir,
-                interrupted: cx.interrupted,
-                placement,
-            };
-            let attempt = coordinator::run(&plan);
+            let (attempt, log_dir) = run_attempt(repeat, format!("replay-{repeat}-{n}"));
             of += 1;
             if !super::verdict::judge(&attempt, &s.expect).is_empty() {
                 failed += 1;
