@@ -55,6 +55,30 @@ fn main() {
             "cargo:warning=the verbs observer did not build ({why}): install libibverbs-dev and librdmacm-dev; the verbs audit is off in this build"
         ),
     }
+    ebpf_audit(&out);
+}
+
+/// The eBPF audit's kernel program (`ebpf-audit/audit.bpf.c`), compiled by clang for the BPF
+/// target and embedded. Without clang the audit keeps to strace, and says why.
+fn ebpf_audit(out: &Path) {
+    let src = "ebpf-audit/audit.bpf.c";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rerun-if-env-changed=WRINGER_BPF_CLANG");
+    println!("cargo:rustc-check-cfg=cfg(ebpf_audit)");
+    let clang = std::env::var("WRINGER_BPF_CLANG").unwrap_or_else(|_| "clang".into());
+    let status = Command::new(&clang)
+        .args([
+            "-target", "bpf", "-O2", "-g", "-Wall", "-Werror", "-c", src, "-o",
+        ])
+        .arg(out.join("audit.bpf.o"))
+        .status();
+    match status {
+        Ok(s) if s.success() => println!("cargo:rustc-cfg=ebpf_audit"),
+        Ok(s) => println!("cargo:warning={clang} exited {s} on {src}: the eBPF audit is off in this build"),
+        Err(e) => println!(
+            "cargo:warning=no {clang} ({e}): install Debian's `clang` for the eBPF audit; this build audits with strace only"
+        ),
+    }
 }
 
 fn compile(cc: &str, out: &Path, src: &str, name: &str, extra: &[&str]) -> Result<(), String> {

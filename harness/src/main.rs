@@ -41,6 +41,9 @@ enum Command {
     Report(cli::report::Args),
     /// The rank worker (started by `wringer run`, not by hand).
     Rank(cli::rank::Args),
+    /// Run a program under the audit's eBPF recorder (started by `wringer run`, not by hand).
+    #[command(hide = true)]
+    TraceSyscalls(cli::trace::Args),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => cli::bench::run(a),
         Command::Report(a) => cli::report::run(a),
         Command::Rank(a) => cli::rank::run(a),
+        Command::TraceSyscalls(a) => cli::trace::run(a),
     };
     match outcome {
         Ok(code) => ExitCode::from(code as u8),

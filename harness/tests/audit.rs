@@ -1,6 +1,7 @@
 //! The lifecycle audit end to end: lifecycle bugs switched into the transport (test-only, see
 //! transport's `bug-injection` feature) fail an audited teardown scenario on every run, the
-//! correct transport passes it, and the audit works on a program wringer did not write.
+//! correct transport passes it, and the audit works on a program wringer did not write. Each
+//! runs on both syscall recorders (eBPF and strace), which must give the same verdicts.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -9,7 +10,7 @@ use std::process::Command;
 mod common;
 
 use common::repo;
-use wringer::model::scenario::AuditCheck;
+use wringer::model::scenario::{AuditBackend, AuditCheck};
 use wringer::orchestration::audit;
 
 fn need(tool: &str) {
@@ -27,25 +28,40 @@ fn temp(name: &str) -> PathBuf {
     d
 }
 
-/// Run the audited teardown fixture with `bug` switched on; returns (exit code, failures).
+/// Both recorders; eBPF is asked for, so a host where it cannot load fails the test rather
+/// than falling back to strace unseen.
+const BACKENDS: [&str; 2] = ["ebpf", "strace"];
+
+/// Run the audited teardown fixture with `bug` switched on, its syscalls recorded by
+/// `backend`; returns (exit code, failures).
 #[cfg(feature = "bug-injection")]
-fn audited_teardown(bug: &str, run: u32) -> (i32, Vec<String>) {
+fn audited_teardown(bug: &str, run: u32, backend: &str) -> (i32, Vec<String>) {
     need("strace");
     let file = "harness/tests/fixtures/audited-teardown.yaml";
-    common::run_with_bug(file, bug, &format!("audit-{bug}-{run}"), &[])
+    common::run_with_bug(
+        file,
+        bug,
+        &format!("audit-{bug}-{backend}-{run}"),
+        &["--audit-backend", backend],
+    )
 }
 
 #[cfg(feature = "bug-injection")]
 fn caught_every_time(bug: &str, check: &str) {
-    for run in 0..3 {
-        let (code, failures) = audited_teardown(bug, run);
-        assert_eq!(code, 1, "run {run} of {bug} passed: {failures:?}");
-        assert!(
-            failures
-                .iter()
-                .any(|f| f.contains(&format!("audit: rank 0: {check} in pid"))),
-            "run {run} of {bug}: no `{check}` among {failures:#?}"
-        );
+    for backend in BACKENDS {
+        for run in 0..3 {
+            let (code, failures) = audited_teardown(bug, run, backend);
+            assert_eq!(
+                code, 1,
+                "{backend}: run {run} of {bug} passed: {failures:?}"
+            );
+            assert!(
+                failures
+                    .iter()
+                    .any(|f| f.contains(&format!("audit: rank 0: {check} in pid"))),
+                "{backend}: run {run} of {bug}: no `{check}` among {failures:#?}"
+            );
+        }
     }
 }
 
@@ -70,10 +86,12 @@ fn touching_the_descriptor_after_teardown_fails_every_run() {
 #[test]
 #[cfg(feature = "bug-injection")]
 fn the_correct_transport_passes_the_audited_teardown() {
-    for run in 0..3 {
-        let (code, failures) = audited_teardown("none", run);
-        assert_eq!(code, 0, "run {run}: {failures:#?}");
-        assert!(failures.is_empty());
+    for backend in BACKENDS {
+        for run in 0..3 {
+            let (code, failures) = audited_teardown("none", run, backend);
+            assert_eq!(code, 0, "{backend}: run {run}: {failures:#?}");
+            assert!(failures.is_empty());
+        }
     }
 }
 
@@ -92,21 +110,18 @@ fn the_audit_catches_a_broken_program_wringer_did_not_write() {
         .status()
         .unwrap();
     assert!(cc.success(), "compiling {}", src.display());
-    let trace = dir.join("trace");
-    let words = audit::strace_command(&[AuditCheck::FdLifecycle], &[], 1, &trace);
-    let status = Command::new(&words[0])
-        .args(&words[1..])
-        .arg(&exe)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let text = std::fs::read_to_string(&trace).unwrap();
-    let found: Vec<&str> = audit::analyse(&text, &[AuditCheck::FdLifecycle])
-        .iter()
-        .map(|v| v.check)
-        .collect();
-    assert!(found.contains(&"close while in use"), "{found:?}\n{text}");
-    assert!(found.contains(&"use after close"), "{found:?}\n{text}");
+    for backend in [AuditBackend::Ebpf, AuditBackend::Strace] {
+        let (found, text) = audited_checks(&dir, &exe, backend);
+        let found: Vec<&str> = found.iter().map(|v| v.split(':').next().unwrap()).collect();
+        assert!(
+            found.contains(&"close while in use"),
+            "{backend}: {found:?}\n{text}"
+        );
+        assert!(
+            found.contains(&"use after close"),
+            "{backend}: {found:?}\n{text}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -133,13 +148,24 @@ fn build_lifecycle_fixture(dir: &std::path::Path, name: &str, correct: bool) -> 
     exe
 }
 
-/// Run `exe` under the audit's strace; the checks it trips.
-fn audited_checks(dir: &std::path::Path, exe: &std::path::Path) -> (Vec<String>, String) {
+/// Run `exe` with its syscalls recorded by `backend`; the checks it trips.
+fn audited_checks(
+    dir: &std::path::Path,
+    exe: &std::path::Path,
+    backend: AuditBackend,
+) -> (Vec<String>, String) {
     let trace = dir.join(format!(
-        "{}.trace",
+        "{}.{backend}.trace",
         exe.file_name().unwrap().to_string_lossy()
     ));
-    let words = audit::strace_command(&[AuditCheck::FdLifecycle], &[], 1, &trace);
+    let words = audit::tracer_command(
+        backend,
+        env!("CARGO_BIN_EXE_wringer"),
+        &[AuditCheck::FdLifecycle],
+        &[],
+        1,
+        &trace,
+    );
     let status = Command::new(&words[0])
         .args(&words[1..])
         .arg(exe)
@@ -171,19 +197,27 @@ fn the_audit_catches_every_release_under_a_waiting_thread_and_passes_the_correct
     ];
     for (name, says) in cases {
         let broken = build_lifecycle_fixture(&dir, name, false);
-        let (found, text) = audited_checks(&dir, &broken);
-        assert!(
-            found
-                .iter()
-                .any(|v| v.starts_with("close while in use") && v.contains(says)),
-            "{name}: no close while in use {says:?} among {found:#?}\n{text}"
-        );
         let twin = build_lifecycle_fixture(&dir, name, true);
-        let (found, text) = audited_checks(&dir, &twin);
-        assert!(
-            found.is_empty(),
-            "{name}'s correct twin: {found:#?}\n{text}"
-        );
+        let mut verdicts = vec![];
+        for backend in [AuditBackend::Ebpf, AuditBackend::Strace] {
+            let (found, text) = audited_checks(&dir, &broken, backend);
+            assert!(
+                found
+                    .iter()
+                    .any(|v| v.starts_with("close while in use") && v.contains(says)),
+                "{name} ({backend}): no close while in use {says:?} among {found:#?}\n{text}"
+            );
+            let mut kinds: Vec<&str> = found.iter().map(|v| v.split(':').next().unwrap()).collect();
+            kinds.sort_unstable();
+            kinds.dedup();
+            verdicts.push(kinds.join(", "));
+            let (found, text) = audited_checks(&dir, &twin, backend);
+            assert!(
+                found.is_empty(),
+                "{name}'s correct twin ({backend}): {found:#?}\n{text}"
+            );
+        }
+        assert_eq!(verdicts[0], verdicts[1], "{name}: eBPF and strace disagree");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -269,6 +269,7 @@ pub fn startup_once(
     let plan = Plan {
         audit: &[],
         perturb: &[],
+        backend: crate::model::scenario::AuditBackend::Strace,
         ranks,
         steps: &steps,
         faults: &[],

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use wringer::hosts::profile as hosts;
 use wringer::model::duration::HumanDuration;
-use wringer::model::scenario::AuditCheck;
+use wringer::model::scenario::{AuditBackend, AuditCheck};
 use wringer::orchestration::runner;
 use wringer::outputs::progress::Progress;
 use wringer::outputs::report::ReportWriter;
@@ -36,6 +36,10 @@ pub struct Args {
     /// Where to write the report (default: reports/<run-id>/).
     #[arg(long)]
     pub report_dir: Option<PathBuf>,
+    /// What records the syscalls (default: eBPF where this host can use it, else strace;
+    /// also WRINGER_AUDIT_BACKEND). Perturbations always use strace.
+    #[arg(long, value_enum)]
+    pub audit_backend: Option<AuditBackend>,
     #[command(flatten)]
     pub replay: super::replay::ReplayArgs,
     /// The command and its arguments, after `--`.
@@ -165,6 +169,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             head,
             tail: Some(tail),
         },
+        audit_backend: a.audit_backend.or_else(runner::audit_backend_from_env),
         ..runner::RunOptions::default()
     };
     if a.replay.shrink {

@@ -9,4 +9,5 @@ pub mod replay;
 pub mod report;
 pub mod run;
 pub mod scenarios;
+pub mod trace;
 pub mod validate;

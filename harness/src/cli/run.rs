@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use wringer::hosts::profile as hosts;
 use wringer::model::invalid::Invalid;
+use wringer::model::scenario::AuditBackend;
 use wringer::orchestration::runner;
 use wringer::outputs::progress::Progress;
 use wringer::outputs::report::ReportWriter;
@@ -34,6 +35,10 @@ pub struct Args {
     /// for (to measure what the audit costs, or where strace cannot run).
     #[arg(long)]
     pub no_audit: bool,
+    /// What records the ranks' syscalls for the audit (default: eBPF where every host can
+    /// use it, else strace; also WRINGER_AUDIT_BACKEND). Perturbations always use strace.
+    #[arg(long, value_enum)]
+    pub audit_backend: Option<AuditBackend>,
     #[command(flatten)]
     pub replay: super::replay::ReplayArgs,
 }
@@ -63,6 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         until_fail: a.replay.until_fail,
         replays: a.replay.replays,
         rerun,
+        audit_backend: a.audit_backend.or_else(runner::audit_backend_from_env),
     };
     if a.replay.shrink {
         return super::replay::shrink(scenarios, &profile, opts, &a.replay);

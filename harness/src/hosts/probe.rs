@@ -85,9 +85,17 @@ pub struct HostFacts {
     pub docker: bool,
     pub vm: bool,
     pub gdb: bool,
-    /// strace is installed (the lifecycle audit runs ranks under it).
+    /// strace is installed (the lifecycle audit's fallback, and what injects perturbations).
     #[serde(default)]
     pub strace: bool,
+    /// Why the audit cannot record syscalls with eBPF here (`None`: it can).
+    #[serde(default = "ebpf_unknown")]
+    pub ebpf_absent: Option<String>,
+}
+
+/// A host whose probe predates the eBPF backend has not said it can use it.
+fn ebpf_unknown() -> Option<String> {
+    Some("this host's wringer did not report on eBPF".into())
 }
 
 /// Probe this machine.
@@ -110,6 +118,7 @@ pub fn local() -> HostFacts {
         vm: on_path("vng") && on_path("qemu-system-x86_64"),
         gdb: on_path("gdb"),
         strace: on_path("strace"),
+        ebpf_absent: crate::orchestration::syscall_trace::unusable(),
     }
 }
 
@@ -269,6 +278,7 @@ mod tests {
             vm: false,
             gdb: true,
             strace: true,
+            ebpf_absent: None,
         }
     }
 

@@ -88,6 +88,27 @@ pub struct Evidence {
     pub replays: Vec<Replay>,
     /// The points the scenario's steps declare, and how many repeats reached each.
     pub reach: Vec<Reach>,
+    /// What recorded the ranks' syscalls for the audit, when something did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_recorder: Option<AuditRecorder>,
+}
+
+/// The audit's syscall recorder for one scenario, and why it is not eBPF when it is not.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditRecorder {
+    pub backend: super::scenario::AuditBackend,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+}
+
+impl std::fmt::Display for AuditRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.backend)?;
+        if let Some(why) = &self.fallback {
+            write!(f, " ({why})")?;
+        }
+        Ok(())
+    }
 }
 
 /// How to rerun one failed attempt alone, and how often it failed again.

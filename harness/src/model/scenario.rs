@@ -232,9 +232,27 @@ pub enum AuditCheck {
     VerbsLifecycle,
 }
 
+/// What records the ranks' syscalls for the audit: the kernel (eBPF, no thread stops) or
+/// strace (ptrace; also what injects perturbations).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuditBackend {
+    Ebpf,
+    Strace,
+}
+
+impl std::fmt::Display for AuditBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AuditBackend::Ebpf => "ebpf",
+            AuditBackend::Strace => "strace",
+        })
+    }
+}
+
 impl AuditCheck {
-    /// Whether the check reads the syscall trace (strace); the verbs check does not.
-    pub fn needs_strace(self) -> bool {
+    /// Whether the check reads the syscall trace (eBPF or strace); the verbs check does not.
+    pub fn reads_syscalls(self) -> bool {
         self != AuditCheck::VerbsLifecycle
     }
 }

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
-use crate::model::scenario::{AuditCheck, Perturb};
+use crate::model::scenario::{AuditBackend, AuditCheck, Perturb};
 
 /// The syscalls the audit needs to see (strace's `-e trace=`): sockets, threads and processes,
 /// every call that makes a descriptor, and the calls that use or close one. Not mmap, stat and
@@ -126,6 +126,33 @@ pub fn strace_command(
     args
 }
 
+/// The words that run a rank under the syscall recorder, before its own command: `exe
+/// trace-syscalls` (eBPF) or strace. Perturbations need strace's injection, so they get strace
+/// whichever backend was chosen.
+pub fn tracer_command(
+    backend: AuditBackend,
+    exe: &str,
+    checks: &[AuditCheck],
+    perturb: &[Perturb],
+    seed: u64,
+    out: &Path,
+) -> Vec<String> {
+    if backend == AuditBackend::Strace || !perturb.is_empty() {
+        return strace_command(checks, perturb, seed, out);
+    }
+    let mut w = vec![
+        exe.to_string(),
+        "trace-syscalls".into(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    if checks.contains(&AuditCheck::UnboundedWaits) {
+        w.push("--futex".into());
+    }
+    w.push("--".into());
+    w
+}
+
 /// Perturbations as a run with `seed` applies them, each with its calls spelled out.
 pub fn exact_perturbations(perturb: &[Perturb], seed: u64) -> Vec<Perturb> {
     (0..perturb.len())
@@ -183,9 +210,11 @@ enum Event<'a> {
         name: &'a str,
         args: &'a str,
     },
-    /// The rest of a call started earlier on this thread.
+    /// The rest of a call started earlier on this thread, with the arguments it printed at
+    /// return (a pipe's fds: `<... pipe2 resumed>[3, 4], 0) = 0`).
     Resumed {
         name: &'a str,
+        args: &'a str,
         ret: &'a str,
     },
     /// The thread ended.
@@ -210,10 +239,12 @@ fn parse_line(line: &str) -> Option<(u32, Event<'_>)> {
     }
     if let Some(r) = rest.strip_prefix("<... ") {
         let (name, after) = r.split_once(" resumed>")?;
+        let args = after.rfind(") = ").map_or("", |i| &after[..i]);
         return Some((
             tid,
             Event::Resumed {
                 name,
+                args,
                 ret: result_of(after),
             },
         ));
@@ -349,6 +380,12 @@ fn takes_fd(name: &str) -> bool {
             | "sendfile"
             | "splice"
     )
+}
+
+/// Calls whose arguments that matter may be printed only at their return: the fds a pipe
+/// made, the bytes a write sent (the eBPF backend reads them then).
+fn returns_args(name: &str) -> bool {
+    MAKES_TWO_FDS.contains(&name) || matches!(name, "write" | "sendto")
 }
 
 /// Calls that release a descriptor.
@@ -520,13 +557,19 @@ impl Audit<'_> {
                         },
                     );
                 }
-                Event::Resumed { name, ret } => {
+                Event::Resumed { name, args, ret } => {
                     if let Some(call) = self.inside.remove(&tid).filter(|c| c.name == name) {
-                        // Usage was noted when it started; its effects count where it returned.
-                        if releases(&call.name) {
-                            self.release(pid, tid, &call.name, &call.args, ret, i);
+                        // Usage was noted when it started; its effects count where it returned,
+                        // with what the call wrote (fds) or sent, when printed only then.
+                        let args = if !args.is_empty() && returns_args(name) {
+                            args
                         } else {
-                            self.effects(pid, tid, &call.name, &call.args, ret, i);
+                            &call.args
+                        };
+                        if releases(&call.name) {
+                            self.release(pid, tid, &call.name, args, ret, i);
+                        } else {
+                            self.effects(pid, tid, &call.name, args, ret, i);
                         }
                     }
                 }

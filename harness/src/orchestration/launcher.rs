@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 
 use crate::hosts::backend::Launch;
 use crate::hosts::placement::{Placement, RemoteHost};
-use crate::model::scenario::{AuditCheck, Perturb};
+use crate::model::scenario::{AuditBackend, AuditCheck, Perturb};
 use crate::orchestration::audit;
 use crate::orchestration::slurm_step::SlurmStep;
 pub use crate::orchestration::slurm_step::StepLimits;
@@ -39,18 +39,24 @@ struct RankProc {
     remote_pid: Option<u32>,
 }
 
-/// Ranks run under the audit: strace for the syscall checks and perturbations, the verbs
-/// observer preloaded for the verbs check.
+/// Ranks run under the audit: a syscall recorder (eBPF or strace) for the syscall checks and
+/// perturbations, the verbs observer preloaded for the verbs check.
 pub struct Tracing<'a> {
     pub checks: &'a [AuditCheck],
     pub perturb: &'a [Perturb],
     pub seed: u64,
+    pub backend: AuditBackend,
 }
 
 impl Tracing<'_> {
-    /// Whether ranks run under strace.
-    pub fn strace(&self) -> bool {
-        !self.perturb.is_empty() || self.checks.iter().any(|c| c.needs_strace())
+    /// Whether ranks run under a syscall recorder.
+    pub fn syscalls(&self) -> bool {
+        !self.perturb.is_empty() || self.checks.iter().any(|c| c.reads_syscalls())
+    }
+
+    /// The words that run a rank (`exe` on its host) under the recorder, trace to `out`.
+    fn command(&self, exe: &str, out: &Path) -> Vec<String> {
+        audit::tracer_command(self.backend, exe, self.checks, self.perturb, self.seed, out)
     }
 
     /// Whether ranks run with the verbs observer preloaded.
@@ -93,7 +99,7 @@ impl RankGroup {
         let mut group = RankGroup {
             procs: vec![],
             log_dir: log_dir.to_owned(),
-            traced: tracing.is_some_and(Tracing::strace),
+            traced: tracing.is_some_and(Tracing::syscalls),
             verbs: tracing.is_some_and(Tracing::verbs),
             placement: placement.clone(),
             pgid: 0,
@@ -105,14 +111,9 @@ impl RankGroup {
         if let Launch::Step(slurm) = placement.launch() {
             // Each task's supervisor runs its rank under strace; `{rank}` in the trace's path
             // becomes the task's rank there.
-            let trace = tracing.filter(|t| t.strace()).map(|t| {
-                audit::strace_command(
-                    t.checks,
-                    t.perturb,
-                    t.seed,
-                    Path::new(&remote_trace(rendezvous, "{rank}")),
-                )
-            });
+            let trace = tracing
+                .filter(|t| t.syscalls())
+                .map(|t| t.command(&slurm.exe, Path::new(&remote_trace(rendezvous, "{rank}"))));
             let logs = (0..ranks)
                 .map(|r| File::create(log_dir.join(format!("rank-{r}.log"))))
                 .collect::<std::io::Result<Vec<_>>>()?;
@@ -140,10 +141,10 @@ impl RankGroup {
             let mut cmd = match placement.launch() {
                 Launch::Local => {
                     let exe = std::env::current_exe().context("locating the wringer binary")?;
-                    let mut c = match tracing.filter(|t| t.strace()) {
+                    let mut c = match tracing.filter(|t| t.syscalls()) {
                         Some(t) => {
                             let trace = group.trace_path(rank);
-                            let words = audit::strace_command(t.checks, t.perturb, t.seed, &trace);
+                            let words = t.command(&exe.to_string_lossy(), &trace);
                             let mut c = Command::new(&words[0]);
                             c.args(&words[1..]).arg(exe);
                             c
@@ -172,13 +173,8 @@ impl RankGroup {
                     let mut words: Vec<String> = transport_bug()
                         .map(|b| vec!["env".into(), format!("WRINGER_TRANSPORT_BUG={b}")])
                         .unwrap_or_default();
-                    words.extend(match tracing.filter(|t| t.strace()) {
-                        Some(t) => audit::strace_command(
-                            t.checks,
-                            t.perturb,
-                            t.seed,
-                            Path::new(&remote_trace(rendezvous, rank)),
-                        ),
+                    words.extend(match tracing.filter(|t| t.syscalls()) {
+                        Some(t) => t.command(&h.exe, Path::new(&remote_trace(rendezvous, rank))),
                         None => vec![],
                     });
                     words.push(h.exe.clone());

@@ -73,8 +73,8 @@ impl Policy<'_> {
         }
         let mut audit = s.audit.iter().chain(&self.profile.audit);
         let traced =
-            !self.no_audit && (!s.perturb.is_empty() || audit.clone().any(|c| c.needs_strace()));
-        if !self.no_audit && audit.any(|c| !c.needs_strace()) {
+            !self.no_audit && (!s.perturb.is_empty() || audit.clone().any(|c| c.reads_syscalls()));
+        if !self.no_audit && audit.any(|c| !c.reads_syscalls()) {
             if let Some(reason) = no_verbs_observer(self.profile) {
                 return self.unmet(reason, &[]);
             }
@@ -274,7 +274,7 @@ mod tests {
     }
 
     #[test]
-    fn an_audited_scenario_needs_strace_unless_the_audit_is_off() {
+    fn an_audited_scenario_reads_syscalls_unless_the_audit_is_off() {
         let s = scenario("tcp-teardown-cycles");
         assert!(!s.scenario.audit.is_empty());
         let p = profile::load(&repo("hosts/local.yaml")).unwrap();

@@ -22,9 +22,9 @@ use crate::model::failure::{Failed, Failure};
 use crate::model::known;
 use crate::model::metric::{Metric, SampleKey};
 use crate::model::requirement::{Requirement, SkipCode, SkipReason};
+use crate::model::result::{AuditRecorder, Reach, Replay};
 use crate::model::result::{Latency, MetricSummary, ScenarioResult, Stacks, Verdict};
-use crate::model::result::{Reach, Replay};
-use crate::model::scenario::{AuditCheck, Fault, Perturb};
+use crate::model::scenario::{AuditBackend, AuditCheck, Fault, Perturb};
 use crate::rank::steps::Loaded;
 
 #[derive(Default)]
@@ -49,6 +49,8 @@ pub struct RunOptions {
     pub replays: u32,
     /// How a printed replay line reruns this run.
     pub rerun: Rerun,
+    /// The audit's syscall recorder; `None` picks eBPF where every host can use it.
+    pub audit_backend: Option<AuditBackend>,
 }
 
 /// The command a replay line starts with (`wringer run --hosts P`), and what ends it: the
@@ -381,6 +383,12 @@ fn run_group(
         strikes: placement.strikes(),
         no_audit: cx.opts.no_audit,
     };
+    // Why the hosts cannot all record syscalls with eBPF, if they cannot.
+    let ebpf_absent: Option<String> = facts.iter().find_map(|f| {
+        f.ebpf_absent
+            .as_ref()
+            .map(|why| format!("eBPF unusable on {}: {why}", f.host))
+    });
     for loaded in loaded {
         let i = *position;
         *position += 1;
@@ -402,7 +410,13 @@ fn run_group(
                     index: i,
                     name: &s.name,
                 })?;
-                run_scenario(loaded, &profile.audit, &placement, cx)
+                run_scenario(
+                    loaded,
+                    &profile.audit,
+                    &placement,
+                    ebpf_absent.as_deref(),
+                    cx,
+                )
             }
         };
         known::apply(&mut result, &cx.known, cx.opts.strict);
@@ -440,10 +454,42 @@ pub(crate) struct Observed {
     pub(crate) samples: BTreeMap<SampleKey, Vec<f64>>,
 }
 
+/// `WRINGER_AUDIT_BACKEND` (`ebpf` or `strace`), when set to one of them.
+pub fn audit_backend_from_env() -> Option<AuditBackend> {
+    let v = std::env::var("WRINGER_AUDIT_BACKEND").ok()?;
+    <AuditBackend as clap::ValueEnum>::from_str(&v, true).ok()
+}
+
+/// The syscall recorder for a scenario: strace for perturbations (it injects them) or when
+/// asked for, else eBPF where every host can use it. Err: eBPF was asked for and cannot be.
+fn choose_recorder(
+    asked: Option<AuditBackend>,
+    perturb: &[Perturb],
+    ebpf_absent: Option<&str>,
+) -> Result<AuditRecorder, String> {
+    let strace = |why: &str| AuditRecorder {
+        backend: AuditBackend::Strace,
+        fallback: Some(why.to_string()),
+    };
+    Ok(match (asked, ebpf_absent) {
+        _ if !perturb.is_empty() => strace("perturbations are injected by strace"),
+        (Some(AuditBackend::Strace), _) => strace("asked for"),
+        (_, None) => AuditRecorder {
+            backend: AuditBackend::Ebpf,
+            fallback: None,
+        },
+        (Some(AuditBackend::Ebpf), Some(why)) => {
+            return Err(format!("the eBPF audit backend was asked for, but {why}"))
+        }
+        (None, Some(why)) => strace(why),
+    })
+}
+
 fn run_scenario(
     loaded: &Loaded,
     profile_audit: &[AuditCheck],
     placement: &Placement,
+    ebpf_absent: Option<&str>,
     cx: &RunContext,
 ) -> ScenarioResult {
     let s = &loaded.scenario;
@@ -467,6 +513,22 @@ fn run_scenario(
         audit.clear();
         perturb.clear();
     }
+    let recorded = !perturb.is_empty() || audit.iter().any(|c| c.reads_syscalls());
+    let recorder = match choose_recorder(cx.opts.audit_backend, &perturb, ebpf_absent) {
+        Ok(r) => r,
+        Err(detail) if recorded => {
+            return ScenarioResult::failed_before_running(
+                &s.name,
+                &loaded.path,
+                Failure::HarnessError { detail },
+            )
+        }
+        Err(_) => AuditRecorder {
+            backend: AuditBackend::Strace,
+            fallback: None,
+        },
+    };
+    result.evidence.audit_recorder = recorded.then(|| recorder.clone());
     let repeats = cx
         .opts
         .until_fail
@@ -482,6 +544,7 @@ fn run_scenario(
         let plan = Plan {
             audit: &audit,
             perturb: &perturb,
+            backend: recorder.backend,
             ranks: loaded.ranks(),
             steps: &steps,
             faults: &faults,

@@ -183,6 +183,7 @@ pub fn shrink(
             until_fail: None,
             replays: 0,
             rerun: opts.rerun.clone(),
+            audit_backend: opts.audit_backend,
         };
         let mut seen = Tally::default();
         runner::run(vec![variant], profile, &o, &mut [&mut seen])?;

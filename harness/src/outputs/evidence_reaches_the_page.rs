@@ -71,6 +71,11 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
         times: 7500,
     });
 
+    result.evidence.audit_recorder = Some(crate::model::result::AuditRecorder {
+        backend: crate::model::scenario::AuditBackend::Strace,
+        fallback: Some("perturbations are injected by strace".into()),
+    });
+
     let dir = temp_dir("series");
     let meta = RunMeta::new("r1".into(), "local".into(), 1, vec![probe::local()], 1);
     let mut writer = ReportWriter::default();
@@ -128,6 +133,14 @@ fn every_series_a_step_records_reaches_results_json_and_the_page() {
         "no reachability"
     );
     assert_eq!(back.evidence.reach.len(), 1);
+    assert!(
+        html.contains("syscalls recorded by strace (perturbations are injected by strace)"),
+        "no audit backend"
+    );
+    assert_eq!(
+        json["scenarios"][0]["evidence"]["audit_recorder"]["backend"],
+        "strace"
+    );
     assert_eq!(back.evidence.replays[0].replayed, Some((2, 2)));
     for series in Series::ALL {
         assert!(

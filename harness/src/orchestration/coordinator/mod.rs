@@ -20,7 +20,7 @@ use nix::sys::signal::Signal;
 use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
 use crate::model::failure::Failure;
-use crate::model::scenario::{AuditCheck, Fault, FaultAction, Named, Perturb};
+use crate::model::scenario::{AuditBackend, AuditCheck, Fault, FaultAction, Named, Perturb};
 use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::{RankGroup, StepLimits};
 use crate::orchestration::{audit, verbs_audit};
@@ -119,6 +119,8 @@ pub struct Plan<'a> {
     /// is non-empty.
     pub audit: &'a [AuditCheck],
     pub perturb: &'a [Perturb],
+    /// What records the syscalls (strace whenever there are perturbations).
+    pub backend: AuditBackend,
     pub ranks: u32,
     pub steps: &'a [Step],
     pub faults: &'a [Fault],
@@ -165,6 +167,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         checks: plan.audit,
         perturb: plan.perturb,
         seed: plan.seed,
+        backend: plan.backend,
     });
     // The attempt's clock starts before the ranks are launched: the rendezvous time counts
     // the launcher's own work (spawning, or a Slurm step's set-up), and so do the deadlines.
@@ -196,7 +199,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         } else {
             JOIN_TIMEOUT
         },
-        pids: (!group.is_remote() && !tracing.as_ref().is_some_and(Tracing::strace))
+        pids: (!group.is_remote() && !tracing.as_ref().is_some_and(Tracing::syscalls))
             .then(|| (0..plan.ranks).map(|r| group.pid(r).unwrap_or(0)).collect()),
         host_of: (0..plan.ranks).map(|r| plan.placement.host_of(r)).collect(),
     };
@@ -226,7 +229,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             ));
         }
     }
-    if tracing.as_ref().is_some_and(Tracing::strace) {
+    if tracing.as_ref().is_some_and(Tracing::syscalls) {
         attempt.audit = audit_traces(plan, &group, outcome.hang.is_some());
     }
     if tracing.as_ref().is_some_and(Tracing::verbs) {
@@ -420,6 +423,17 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
                 continue;
             }
         };
+        let lost = crate::orchestration::syscall_trace::lost_events(&text);
+        if lost > 0 {
+            // A trace with holes could hide the very close it should show: never clean.
+            found.push(violation(
+                rank,
+                format!(
+                    "rank {rank}'s trace {} is incomplete: the eBPF ring buffer dropped {lost} events",
+                    path.display()
+                ),
+            ));
+        }
         let violations = audit::analyse(&text, &checks);
         report_violations(
             &mut found,

@@ -469,6 +469,13 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult, run_dir: &std::path::Pa
         })
         .collect();
     list(h, "reachability", &reach);
+    let recorder: Vec<String> = s
+        .evidence
+        .audit_recorder
+        .iter()
+        .map(|r| format!("syscalls recorded by {r}"))
+        .collect();
+    list(h, "audit", &recorder);
     list(h, "faults", &s.evidence.faults);
     list(h, "observations", &s.evidence.notes);
     if !s.metrics.is_empty() {

@@ -1,0 +1,284 @@
+// The lifecycle audit's kernel side: the syscalls of one process tree, as events in a ring
+// buffer, without stopping a thread. The user side (orchestration/ebpf) decides which
+// syscalls count and what memory each one's event carries, and renders the events as the
+// strace lines the checker reads.
+//
+// Built by build.rs with `clang -target bpf`; it needs no kernel headers: tracepoint layouts
+// are either fixed ABI (raw_syscalls) or read from tracefs by the user side (sched).
+
+typedef unsigned char __u8;
+typedef unsigned short __u16;
+typedef unsigned int __u32;
+typedef unsigned long long __u64;
+typedef long long __s64;
+typedef int __s32;
+
+#define SEC(name) __attribute__((section(name), used))
+#define __uint(name, val) int (*name)[val]
+#define __type(name, val) typeof(val) *name
+
+enum { BPF_MAP_TYPE_HASH = 1, BPF_MAP_TYPE_ARRAY = 2, BPF_MAP_TYPE_RINGBUF = 27 };
+enum { BPF_ANY = 0 };
+
+// Helper numbers are the kernel's stable ABI (include/uapi/linux/bpf.h).
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)2;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
+static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
+static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
+static long (*bpf_probe_read_user_str)(void *dst, __u32 size, const void *src) = (void *)114;
+static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
+static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
+static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
+
+#define CAPTURE 128
+#define SYSCALLS 512
+
+enum kind { ENTER = 0, EXIT = 1, THREAD_EXIT = 2 };
+enum when { NEVER = 0, AT_ENTER = 1, AT_EXIT = 2 };
+
+// What one syscall's event carries besides its arguments: up to two reads of user memory,
+// each from a pointer argument, at entry or at return.
+struct capture {
+    __u8 when[2];
+    __u8 arg[2];
+    // Bytes to read; when len_arg < 6, at most args[len_arg] * len_mul of them.
+    __u16 len[2];
+    __u8 len_arg[2];
+    __u8 len_mul[2];
+    // Read a NUL-terminated string rather than bytes.
+    __u8 string[2];
+    __u8 wanted;
+    __u8 pad;
+};
+
+struct event {
+    __u64 ts;
+    __u32 tid;
+    __u32 tgid;
+    __u32 kind;
+    __s32 id;
+    __u64 args[6];
+    __s64 ret;
+    __u32 cap_len[2];
+    __u8 cap[2][CAPTURE];
+};
+
+// Processes whose syscalls are recorded (tgid -> 1), and the tracer's own (tgid -> 2): its
+// children join the first set when they are forked, and it is not recorded itself.
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u8);
+} traced SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, SYSCALLS);
+    __type(key, __u32);
+    __type(value, struct capture);
+} captures SEC(".maps");
+
+// A thread's arguments at entry, kept until return for the reads made then (pipe2's fds).
+struct args {
+    __u64 v[6];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, struct args);
+} entered SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 16 << 20);
+} events SEC(".maps");
+
+// [0]: events dropped because the ring buffer was full; [1]: user reads that failed.
+struct {
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 2);
+    __type(key, __u32);
+    __type(value, __u64);
+} lost SEC(".maps");
+
+// Where sched_process_fork keeps the child's pid on this kernel (from its tracefs format file).
+volatile const __u32 fork_child_pid = 44;
+
+static void count_lost(__u32 which) {
+    __u64 *n = bpf_map_lookup_elem(&lost, &which);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+static int recorded(__u32 tgid) {
+    __u8 *t = bpf_map_lookup_elem(&traced, &tgid);
+    return t && *t == 1;
+}
+
+static void read_capture(struct event *e, struct capture *c, int i, __u8 when) {
+    if (c->when[i] != when)
+        return;
+    __u32 a = c->arg[i];
+    if (a > 5)
+        return;
+    __u64 ptr = e->args[a];
+    __u64 n = c->len[i];
+    if (c->len_arg[i] < 6) {
+        __u64 max = e->args[c->len_arg[i] & 7] * c->len_mul[i];
+        if (max < n)
+            n = max;
+    }
+    if (n > CAPTURE)
+        n = CAPTURE;
+    // Hide n's origin from clang, so that the verifier sees the bound on the register the
+    // read is given (clang otherwise reuses the unbounded copy).
+    asm volatile("" : "+r"(n));
+    if (n == 0 || n > CAPTURE || ptr == 0)
+        return;
+    long r;
+    if (c->string[i])
+        r = bpf_probe_read_user_str(e->cap[i & 1], n, (void *)ptr);
+    else
+        r = bpf_probe_read_user(e->cap[i & 1], n, (void *)ptr);
+    if (r < 0) {
+        count_lost(1);
+        return;
+    }
+    e->cap_len[i & 1] = c->string[i] ? (__u32)r : n;
+}
+
+struct sys_enter_ctx {
+    __u64 common;
+    long id;
+    unsigned long args[6];
+};
+
+struct sys_exit_ctx {
+    __u64 common;
+    long id;
+    long ret;
+};
+
+// An event for the current thread, reserved and filled in but for what entry and return add;
+// NULL when the ring buffer is full (counted).
+static __attribute__((always_inline)) struct event *reserve(__u64 pid_tgid, __u32 kind, __s32 id) {
+    struct event *e = bpf_ringbuf_reserve(&events, sizeof(struct event), 0);
+    if (!e) {
+        count_lost(0);
+        return 0;
+    }
+    e->ts = bpf_ktime_get_ns();
+    e->tid = (__u32)pid_tgid;
+    e->tgid = pid_tgid >> 32;
+    e->kind = kind;
+    e->id = id;
+    e->ret = 0;
+    e->cap_len[0] = 0;
+    e->cap_len[1] = 0;
+    for (int i = 0; i < 6; i++)
+        e->args[i] = 0;
+    return e;
+}
+
+// The capture entry of syscall `id` when a traced process makes it and it is recorded.
+static __attribute__((always_inline)) struct capture *wanted(__u64 pid_tgid, long sysid) {
+    if (!recorded(pid_tgid >> 32))
+        return 0;
+    __u32 id = sysid;
+    if (id >= SYSCALLS)
+        return 0;
+    struct capture *c = bpf_map_lookup_elem(&captures, &id);
+    return c && c->wanted ? c : 0;
+}
+
+static __attribute__((always_inline)) int read_at_exit(struct capture *c) {
+    return c->when[0] == AT_EXIT || c->when[1] == AT_EXIT;
+}
+
+SEC("tracepoint/raw_syscalls/sys_enter")
+int on_enter(struct sys_enter_ctx *ctx) {
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+    struct capture *c = wanted(pid_tgid, ctx->id);
+    if (!c)
+        return 0;
+    struct event *e = reserve(pid_tgid, ENTER, ctx->id);
+    if (!e)
+        return 0;
+    for (int i = 0; i < 6; i++)
+        e->args[i] = ctx->args[i];
+    read_capture(e, c, 0, AT_ENTER);
+    read_capture(e, c, 1, AT_ENTER);
+    if (read_at_exit(c)) {
+        __u32 tid = e->tid;
+        struct args a;
+        for (int i = 0; i < 6; i++)
+            a.v[i] = e->args[i];
+        bpf_map_update_elem(&entered, &tid, &a, BPF_ANY);
+    }
+    bpf_ringbuf_submit(e, 0);
+    return 0;
+}
+
+SEC("tracepoint/raw_syscalls/sys_exit")
+int on_exit(struct sys_exit_ctx *ctx) {
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+    struct capture *c = wanted(pid_tgid, ctx->id);
+    if (!c)
+        return 0;
+    struct event *e = reserve(pid_tgid, EXIT, ctx->id);
+    if (!e)
+        return 0;
+    __u32 tid = e->tid;
+    e->ret = ctx->ret;
+    if (read_at_exit(c)) {
+        struct args *at = bpf_map_lookup_elem(&entered, &tid);
+        if (at) {
+            for (int i = 0; i < 6; i++)
+                e->args[i] = at->v[i];
+            bpf_map_delete_elem(&entered, &tid);
+            if (ctx->ret >= 0) {
+                read_capture(e, c, 0, AT_EXIT);
+                read_capture(e, c, 1, AT_EXIT);
+            }
+        }
+    }
+    bpf_ringbuf_submit(e, 0);
+    return 0;
+}
+
+SEC("tracepoint/sched/sched_process_fork")
+int on_fork(void *ctx) {
+    __u32 child = 0;
+    bpf_probe_read_kernel(&child, 4, (char *)ctx + fork_child_pid);
+    // It runs in the parent: what counts is the parent's process.
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    __u8 *t = bpf_map_lookup_elem(&traced, &tgid);
+    if (!t)
+        return 0;
+    // A new thread shares its process's entry; a new process gets its own.
+    __u8 one = 1;
+    __u32 key = child;
+    if (bpf_map_lookup_elem(&traced, &key) == 0)
+        bpf_map_update_elem(&traced, &key, &one, BPF_ANY);
+    return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int on_task_exit(void *ctx) {
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+    if (!recorded(pid_tgid >> 32))
+        return 0;
+    __u32 tid = (__u32)pid_tgid;
+    bpf_map_delete_elem(&entered, &tid);
+    struct event *e = reserve(pid_tgid, THREAD_EXIT, -1);
+    if (e)
+        bpf_ringbuf_submit(e, 0);
+    return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";

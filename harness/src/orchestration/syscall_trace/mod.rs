@@ -1,0 +1,276 @@
+//! The lifecycle audit's eBPF backend: the kernel records one process tree's syscalls into a
+//! ring buffer without stopping a thread (`ebpf-audit/audit.bpf.c`), and this side writes
+//! them as the strace lines the checker reads. A rank runs under it as under strace:
+//! `wringer trace-syscalls --out FILE -- PROGRAM`, which follows every child and thread the
+//! program makes (by the process tree, from the tracer's own forks), and exits as it does.
+//!
+//! Built with aya (pure Rust, stable toolchain: nothing but clang at build time, from
+//! Debian's packages); libbpf-rs would build libbpf and libelf from C, and aya's own kernel
+//! side needs a nightly `bpf-linker`, which no registry here offers.
+
+pub mod render;
+pub mod table;
+
+use std::path::Path;
+
+/// Where the kernel exposes its tracepoints.
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Why this host cannot use the eBPF backend, or `None` when it can (the probe's check: the
+/// program is in this build, we are root, tracefs is mounted, mounting it when it is not, and
+/// the program loads and attaches).
+pub fn unusable() -> Option<String> {
+    if !cfg!(ebpf_audit) {
+        return Some(
+            "this wringer was built without its eBPF program (no clang at build time)".into(),
+        );
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("loading BPF programs needs root".into());
+    }
+    if let Err(e) = mount_tracefs() {
+        return Some(e);
+    }
+    #[cfg(ebpf_audit)]
+    if let Err(e) = kernel::Tracer::load(false) {
+        return Some(format!("the BPF program did not load: {e:#}"));
+    }
+    None
+}
+
+/// tracefs is not mounted on every machine at boot; root can mount it.
+fn mount_tracefs() -> Result<(), String> {
+    let events = Path::new(TRACEFS).join("events/raw_syscalls");
+    if events.exists() {
+        return Ok(());
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev", TRACEFS])
+        .stderr(std::process::Stdio::piped())
+        .output();
+    match status {
+        Ok(o) if o.status.success() && events.exists() => Ok(()),
+        Ok(o) => Err(format!(
+            "tracefs is not mounted at {TRACEFS} and mounting it failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("tracefs is not mounted at {TRACEFS} (mount: {e})")),
+    }
+}
+
+/// Run `program` under the eBPF recorder, writing its trace to `out`; returns its exit status.
+#[cfg(ebpf_audit)]
+pub fn trace(
+    out: &Path,
+    futex: bool,
+    program: &[String],
+) -> anyhow::Result<std::process::ExitStatus> {
+    kernel::trace(out, futex, program)
+}
+
+#[cfg(not(ebpf_audit))]
+pub fn trace(
+    _out: &Path,
+    _futex: bool,
+    _program: &[String],
+) -> anyhow::Result<std::process::ExitStatus> {
+    anyhow::bail!("this wringer was built without its eBPF program (no clang at build time)")
+}
+
+/// The line a trace carries when the ring buffer dropped events: such a trace is incomplete,
+/// and the audit never reads it as clean.
+pub const LOST_PREFIX: &str = "# wringer-ebpf: lost ";
+
+/// Events the trace says were lost (the last count it gives).
+pub fn lost_events(trace: &str) -> u64 {
+    trace
+        .lines()
+        .filter_map(|l| l.strip_prefix(LOST_PREFIX))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+#[cfg(ebpf_audit)]
+mod kernel {
+    use std::fs::File;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::path::Path;
+    use std::process::{Command, ExitStatus};
+    use std::time::Duration;
+
+    use anyhow::{Context, Result};
+    use aya::maps::{Array, HashMap, MapData, RingBuf};
+    use aya::programs::TracePoint;
+    use aya::{Ebpf, EbpfLoader};
+
+    use super::render::{Event, Renderer};
+    use super::{table, LOST_PREFIX, TRACEFS};
+
+    static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/audit.bpf.o"));
+
+    /// How long the ring buffer is waited on between checks of the program's exit.
+    const POLL: Duration = Duration::from_millis(20);
+
+    pub struct Tracer {
+        bpf: Ebpf,
+    }
+
+    impl Tracer {
+        /// Load and attach the program, recording the syscalls of the audit (and `futex`).
+        pub fn load(futex: bool) -> Result<Tracer> {
+            raise_memlock();
+            let child = fork_child_offset()?;
+            let mut bpf = EbpfLoader::new()
+                .override_global("fork_child_pid", &child, true)
+                .load(PROGRAM)
+                .context("loading the audit's BPF program")?;
+            {
+                let mut captures: Array<_, [u8; 16]> =
+                    Array::try_from(bpf.map_mut("captures").context("no captures map")?)?;
+                for s in table::recorded(futex) {
+                    captures.set(s.nr as u32, table::capture_entry(s), 0)?;
+                }
+            }
+            for (prog, category, name) in [
+                ("on_enter", "raw_syscalls", "sys_enter"),
+                ("on_exit", "raw_syscalls", "sys_exit"),
+                ("on_fork", "sched", "sched_process_fork"),
+                ("on_task_exit", "sched", "sched_process_exit"),
+            ] {
+                let p: &mut TracePoint = bpf
+                    .program_mut(prog)
+                    .with_context(|| format!("no program {prog}"))?
+                    .try_into()?;
+                p.load().with_context(|| format!("verifying {prog}"))?;
+                p.attach(category, name)
+                    .with_context(|| format!("attaching {prog} to {category}:{name}"))?;
+            }
+            Ok(Tracer { bpf })
+        }
+
+        /// Events dropped because the ring buffer was full.
+        fn lost(&self) -> u64 {
+            self.bpf
+                .map("lost")
+                .and_then(|m| Array::<_, u64>::try_from(m).ok())
+                .and_then(|a| a.get(&0, 0).ok())
+                .unwrap_or(0)
+        }
+    }
+
+    /// Where sched_process_fork keeps the child's pid on this kernel (6.x moved it when the
+    /// names became dynamic strings).
+    fn fork_child_offset() -> Result<u32> {
+        let path = format!("{TRACEFS}/events/sched/sched_process_fork/format");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        let offset = |field: &str| -> Option<u32> {
+            let line = text.lines().find(|l| l.contains(&format!(" {field};")))?;
+            line.split("offset:")
+                .nth(1)?
+                .split(';')
+                .next()?
+                .parse()
+                .ok()
+        };
+        offset("child_pid").with_context(|| format!("{path} gives no child_pid offset"))
+    }
+
+    /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
+    fn raise_memlock() {
+        let _ = nix::sys::resource::setrlimit(
+            nix::sys::resource::Resource::RLIMIT_MEMLOCK,
+            nix::sys::resource::RLIM_INFINITY,
+            nix::sys::resource::RLIM_INFINITY,
+        );
+    }
+
+    fn clock_ns(c: nix::time::ClockId) -> i128 {
+        nix::time::clock_gettime(c)
+            .map(|t| t.tv_sec() as i128 * 1_000_000_000 + t.tv_nsec() as i128)
+            .unwrap_or(0)
+    }
+
+    /// Now on BPF's clock (`bpf_ktime_get_ns`).
+    fn monotonic_ns() -> u64 {
+        clock_ns(nix::time::ClockId::CLOCK_MONOTONIC) as u64
+    }
+
+    /// Nanoseconds to add to BPF's clock for the time of day.
+    fn epoch_offset() -> i128 {
+        use nix::time::ClockId;
+        clock_ns(ClockId::CLOCK_REALTIME) - clock_ns(ClockId::CLOCK_MONOTONIC)
+    }
+
+    pub fn trace(out: &Path, futex: bool, program: &[String]) -> Result<ExitStatus> {
+        let mut tracer = Tracer::load(futex)?;
+        let mut file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        {
+            let mut traced: HashMap<_, u32, u8> =
+                HashMap::try_from(tracer.bpf.map_mut("traced").context("no traced map")?)?;
+            // Our own forks are followed; our own calls are not recorded.
+            traced.insert(std::process::id(), 2, 0)?;
+        }
+        let mut ring: RingBuf<MapData> =
+            RingBuf::try_from(tracer.bpf.take_map("events").context("no events map")?)?;
+        let (name, args) = program.split_first().context("no program to trace")?;
+        let mut child = Command::new(name)
+            .args(args)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        let mut render = Renderer::new(child.id(), epoch_offset());
+        let mut lost_reported = 0;
+        let mut text = String::new();
+        loop {
+            let exited = child.try_wait()?;
+            let mut pfd = libc::pollfd {
+                fd: ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            if exited.is_none() {
+                // SAFETY: one valid pollfd that lives across the call.
+                unsafe { libc::poll(&mut pfd, 1, POLL.as_millis() as i32) };
+            }
+            while let Some(item) = ring.next() {
+                if let Some(e) = Event::decode(&item) {
+                    render.feed(e, &mut text);
+                }
+            }
+            if exited.is_some() {
+                render.finish(&mut text);
+            } else {
+                render.drained(monotonic_ns(), &mut text);
+            }
+            let lost = tracer.lost();
+            if lost > lost_reported {
+                text.push_str(&format!(
+                    "{LOST_PREFIX}{lost} events (the ring buffer was full)\n"
+                ));
+                lost_reported = lost;
+            }
+            if !text.is_empty() {
+                file.write_all(text.as_bytes())?;
+                text.clear();
+            }
+            if let Some(status) = exited {
+                return Ok(status);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_lost_count_is_the_one_read() {
+        let t =
+            "1 1.0 close(3) = 0\n# wringer-ebpf: lost 2 events\n# wringer-ebpf: lost 7 events\n";
+        assert_eq!(lost_events(t), 7);
+        assert_eq!(lost_events("1 1.0 close(3) = 0\n"), 0);
+    }
+}

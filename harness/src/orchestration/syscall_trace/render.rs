@@ -1,0 +1,456 @@
+//! The kernel side's events as the strace lines (`-f -ttt`) the checker reads, so that both
+//! backends feed one checker and a reader sees one format. Pure: events in, lines out.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use super::table::{self, Syscall};
+
+/// Bytes in one event (`struct event` in `audit.bpf.c`).
+pub const EVENT_SIZE: usize = 344;
+const CAPTURE: usize = 128;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Kind {
+    Enter,
+    Exit,
+    ThreadExit,
+}
+
+/// One event from the kernel side.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// Nanoseconds on the monotonic clock.
+    pub ts: u64,
+    pub tid: u32,
+    pub tgid: u32,
+    pub kind: Kind,
+    pub nr: i64,
+    pub args: [u64; 6],
+    pub ret: i64,
+    pub captures: [Vec<u8>; 2],
+}
+
+impl Event {
+    /// Decode one ring-buffer record; `None` when it is not one.
+    pub fn decode(b: &[u8]) -> Option<Event> {
+        if b.len() < EVENT_SIZE {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+        let kind = match u32_at(16) {
+            0 => Kind::Enter,
+            1 => Kind::Exit,
+            2 => Kind::ThreadExit,
+            _ => return None,
+        };
+        let cap = |i: usize| {
+            let n = (u32_at(80 + 4 * i) as usize).min(CAPTURE);
+            b[88 + CAPTURE * i..88 + CAPTURE * i + n].to_vec()
+        };
+        Some(Event {
+            ts: u64_at(0),
+            tid: u32_at(8),
+            tgid: u32_at(12),
+            kind,
+            nr: u32_at(20) as i32 as i64,
+            args: std::array::from_fn(|i| u64_at(24 + 8 * i)),
+            ret: u64_at(72) as i64,
+            captures: [cap(0), cap(1)],
+        })
+    }
+}
+
+/// A call in progress this long is printed as unfinished, so that a trace cut by a kill still
+/// shows where its threads were.
+const PENDING_NS: u64 = 50_000_000;
+
+/// Turns events into trace lines. The root process is recorded from its `execve`, as strace
+/// records a program it starts.
+pub struct Renderer {
+    root: u32,
+    root_started: bool,
+    /// Add to a monotonic timestamp for the time of day.
+    epoch_offset_ns: i128,
+    pending: BTreeMap<u32, Event>,
+    /// Calls printed as unfinished, by thread.
+    unfinished: BTreeMap<u32, &'static Syscall>,
+}
+
+impl Renderer {
+    pub fn new(root: u32, epoch_offset_ns: i128) -> Renderer {
+        Renderer {
+            root,
+            root_started: false,
+            epoch_offset_ns,
+            pending: BTreeMap::new(),
+            unfinished: BTreeMap::new(),
+        }
+    }
+
+    /// Add the lines `e` makes to `out`.
+    pub fn feed(&mut self, e: Event, out: &mut String) {
+        if e.tgid == self.root && !self.root_started {
+            // What the tracer's child did before it became the program is not the program's.
+            let execed = e.kind == Kind::Exit
+                && table::by_nr(e.nr).is_some_and(|s| s.name.starts_with("execve"))
+                && e.ret == 0;
+            if !execed {
+                return;
+            }
+            self.root_started = true;
+            let _ = writeln!(out, "{} {} execve(...) = 0", e.tid, self.time(e.ts));
+            return;
+        }
+        // Another thread's event splits the calls in progress, as strace does.
+        let others: Vec<u32> = self
+            .pending
+            .keys()
+            .copied()
+            .filter(|t| *t != e.tid)
+            .collect();
+        for t in others {
+            self.print_unfinished(t, out);
+        }
+        match e.kind {
+            Kind::Enter => {
+                if self.pending.contains_key(&e.tid) {
+                    // exit and execve do not return: their entry stands alone.
+                    self.print_unfinished(e.tid, out);
+                }
+                self.pending.insert(e.tid, e);
+            }
+            Kind::Exit => {
+                let Some(s) = table::by_nr(e.nr) else { return };
+                match self.pending.remove(&e.tid) {
+                    Some(p) if p.nr == e.nr => {
+                        let args = args_text(s, &p, Some(&e));
+                        let _ = writeln!(
+                            out,
+                            "{} {} {}({}) = {}",
+                            e.tid,
+                            self.time(p.ts),
+                            s.name,
+                            args,
+                            ret_text(e.ret)
+                        );
+                    }
+                    other => {
+                        if let Some(p) = other {
+                            self.pending.insert(e.tid, p);
+                            self.print_unfinished(e.tid, out);
+                        }
+                        self.unfinished.remove(&e.tid);
+                        let after = if s.captures.iter().flatten().any(|c| c.at_exit) {
+                            args_text(s, &e, Some(&e))
+                        } else {
+                            String::new()
+                        };
+                        let _ = writeln!(
+                            out,
+                            "{} {} <... {} resumed>{}) = {}",
+                            e.tid,
+                            self.time(e.ts),
+                            s.name,
+                            after,
+                            ret_text(e.ret)
+                        );
+                    }
+                }
+            }
+            Kind::ThreadExit => {
+                if let Some(p) = self.pending.remove(&e.tid) {
+                    self.pending.insert(e.tid, p);
+                    self.print_unfinished(e.tid, out);
+                }
+                self.unfinished.remove(&e.tid);
+                let _ = writeln!(out, "{} {} +++ exited +++", e.tid, self.time(e.ts));
+            }
+        }
+    }
+
+    /// At the end of a drain, at `now` on the events' clock: calls in progress for a while
+    /// are printed as unfinished.
+    pub fn drained(&mut self, now: u64, out: &mut String) {
+        let old: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.saturating_sub(p.ts) >= PENDING_NS)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in old {
+            self.print_unfinished(t, out);
+        }
+    }
+
+    /// The end of the trace: whatever is in progress stays unfinished.
+    pub fn finish(&mut self, out: &mut String) {
+        let all: Vec<u32> = self.pending.keys().copied().collect();
+        for t in all {
+            self.print_unfinished(t, out);
+        }
+    }
+
+    fn print_unfinished(&mut self, tid: u32, out: &mut String) {
+        let Some(p) = self.pending.remove(&tid) else {
+            return;
+        };
+        let Some(s) = table::by_nr(p.nr) else {
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "{} {} {}({} <unfinished ...>",
+            tid,
+            self.time(p.ts),
+            s.name,
+            args_text(s, &p, None)
+        );
+        self.unfinished.insert(tid, s);
+    }
+
+    fn time(&self, ts: u64) -> String {
+        let t = (ts as i128 + self.epoch_offset_ns).max(0);
+        format!("{}.{:06}", t / 1_000_000_000, (t % 1_000_000_000) / 1000)
+    }
+}
+
+/// `-1 EBADF (Bad file descriptor)` for an error, the number otherwise.
+fn ret_text(ret: i64) -> String {
+    if (-4095..0).contains(&ret) {
+        let errno = (-ret) as i32;
+        let msg = std::io::Error::from_raw_os_error(errno).to_string();
+        let msg = msg.split(" (os error").next().unwrap_or("").to_string();
+        format!("-1 {} ({msg})", errno_name(errno))
+    } else {
+        ret.to_string()
+    }
+}
+
+fn errno_name(e: i32) -> String {
+    let name = match e {
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::EINTR => "EINTR",
+        libc::EINPROGRESS => "EINPROGRESS",
+        libc::ECONNRESET => "ECONNRESET",
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::EPIPE => "EPIPE",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::ENOTCONN => "ENOTCONN",
+        libc::ENOENT => "ENOENT",
+        libc::EINVAL => "EINVAL",
+        libc::ENOTSOCK => "ENOTSOCK",
+        libc::ECHILD => "ECHILD",
+        libc::ENOSYS => "ENOSYS",
+        libc::EPERM => "EPERM",
+        libc::EEXIST => "EEXIST",
+        libc::EADDRINUSE => "EADDRINUSE",
+        libc::ENOTTY => "ENOTTY",
+        libc::ERESTART => "ERESTARTSYS",
+        _ => return format!("E{e}"),
+    };
+    name.to_string()
+}
+
+/// The arguments as strace prints them, in the forms the checker reads: descriptors as
+/// numbers, poll and select sets spelled out, epoll and fcntl operations named, the bytes a
+/// write sends as a string. `exit` carries the reads made at return (pipe fds).
+fn args_text(s: &Syscall, enter: &Event, exit: Option<&Event>) -> String {
+    let a = |i: usize| enter.args[i];
+    let int = |i: usize| (a(i) as i64 as i32).to_string();
+    let ptr = |i: usize| {
+        if a(i) == 0 {
+            "NULL".to_string()
+        } else {
+            format!("{:#x}", a(i))
+        }
+    };
+    let cap = |i: usize| enter.captures[i].as_slice();
+    let returned = |i: usize| -> Option<&[u8]> {
+        let e = exit?;
+        let c = s.captures[i]?;
+        (c.at_exit && !e.captures[i].is_empty()).then_some(e.captures[i].as_slice())
+    };
+    let rest = |from: usize| -> Vec<String> { (from..s.arity as usize).map(int).collect() };
+    let parts: Vec<String> = match s.name {
+        "write" | "sendto" => {
+            let data = match returned(0) {
+                Some(b) => quoted(b, a(2) as usize),
+                None => ptr(1),
+            };
+            let mut p = vec![int(0), data];
+            p.extend((2..s.arity as usize).map(|i| if i == 2 { a(2).to_string() } else { ptr(i) }));
+            p
+        }
+        "prctl" if a(0) == libc::PR_SET_NAME as u64 => {
+            vec!["PR_SET_NAME".into(), quoted(trim_nul(cap(0)), usize::MAX)]
+        }
+        "poll" | "ppoll" => {
+            let fds: Vec<String> = cap(0)
+                .chunks_exact(8)
+                .map(|c| {
+                    let fd = i32::from_ne_bytes(c[0..4].try_into().unwrap());
+                    let ev = i16::from_ne_bytes(c[4..6].try_into().unwrap());
+                    format!("{{fd={fd}, events={ev:#x}}}")
+                })
+                .collect();
+            let mut p = vec![format!("[{}]", fds.join(", ")), a(1).to_string()];
+            if s.name == "poll" {
+                p.push(int(2));
+            } else {
+                p.extend([ptr(2), ptr(3), a(4).to_string()]);
+            }
+            p
+        }
+        "select" | "pselect6" => {
+            let n = a(0) as usize;
+            let mut p = vec![
+                a(0).to_string(),
+                fd_set(cap(0), n, a(1)),
+                fd_set(cap(1), n, a(2)),
+            ];
+            p.extend((3..s.arity as usize).map(ptr));
+            p
+        }
+        "epoll_ctl" => {
+            let op = match a(1) as i32 {
+                libc::EPOLL_CTL_ADD => "EPOLL_CTL_ADD".to_string(),
+                libc::EPOLL_CTL_DEL => "EPOLL_CTL_DEL".to_string(),
+                libc::EPOLL_CTL_MOD => "EPOLL_CTL_MOD".to_string(),
+                o => o.to_string(),
+            };
+            vec![int(0), op, int(2), ptr(3)]
+        }
+        "epoll_wait" | "epoll_pwait" | "epoll_pwait2" => {
+            let mut p = vec![int(0), ptr(1), int(2), int(3)];
+            p.extend((4..s.arity as usize).map(ptr));
+            p
+        }
+        "fcntl" => {
+            let cmd = match a(1) as i32 {
+                libc::F_DUPFD => "F_DUPFD".to_string(),
+                libc::F_DUPFD_CLOEXEC => "F_DUPFD_CLOEXEC".to_string(),
+                libc::F_GETFL => "F_GETFL".to_string(),
+                libc::F_SETFL => "F_SETFL".to_string(),
+                libc::F_GETFD => "F_GETFD".to_string(),
+                libc::F_SETFD => "F_SETFD".to_string(),
+                c => c.to_string(),
+            };
+            vec![int(0), cmd, int(2)]
+        }
+        "close_range" => {
+            let flags = if a(2) & libc::CLOSE_RANGE_CLOEXEC as u64 != 0 {
+                "CLOSE_RANGE_CLOEXEC".to_string()
+            } else {
+                a(2).to_string()
+            };
+            vec![(a(0) as u32).to_string(), (a(1) as u32).to_string(), flags]
+        }
+        "clone" | "clone3" => {
+            let flags = if s.name == "clone" {
+                a(0)
+            } else {
+                cap(0)
+                    .get(..8)
+                    .map(|b| u64::from_ne_bytes(b.try_into().unwrap()))
+                    .unwrap_or(0)
+            };
+            let thread = if flags & libc::CLONE_THREAD as u64 != 0 {
+                "|CLONE_THREAD"
+            } else {
+                ""
+            };
+            vec![format!("flags={flags:#x}{thread}")]
+        }
+        "futex" => {
+            let op = a(1) as i32;
+            let name = match op & 0x7f {
+                libc::FUTEX_WAIT => "FUTEX_WAIT",
+                libc::FUTEX_WAIT_BITSET => "FUTEX_WAIT_BITSET",
+                libc::FUTEX_WAKE => "FUTEX_WAKE",
+                _ => "FUTEX_OTHER",
+            };
+            let private = if op & libc::FUTEX_PRIVATE_FLAG != 0 {
+                "_PRIVATE"
+            } else {
+                ""
+            };
+            let mut p = vec![ptr(0), format!("{name}{private}"), int(2), ptr(3)];
+            if op & 0x7f != libc::FUTEX_WAIT {
+                p.extend([ptr(4), int(5)]);
+            }
+            p
+        }
+        "pipe" | "pipe2" | "socketpair" => {
+            let at = if s.name == "socketpair" { 3 } else { 0 };
+            let pair = match returned(0) {
+                Some(b) if b.len() >= 8 => format!(
+                    "[{}, {}]",
+                    i32::from_ne_bytes(b[0..4].try_into().unwrap()),
+                    i32::from_ne_bytes(b[4..8].try_into().unwrap())
+                ),
+                _ => ptr(at),
+            };
+            let mut p = rest(0);
+            if let Some(slot) = p.get_mut(at) {
+                *slot = pair;
+            }
+            p
+        }
+        "openat" | "openat2" | "execveat" => {
+            let mut p = vec![int(0), quoted(trim_nul(cap(0)), usize::MAX)];
+            p.extend(rest(2));
+            p
+        }
+        "open" | "creat" | "execve" => {
+            let mut p = vec![quoted(trim_nul(cap(0)), usize::MAX)];
+            p.extend(rest(1));
+            p
+        }
+        _ => rest(0),
+    };
+    parts.join(", ")
+}
+
+/// `[3 5]`: the descriptors below `n` set in a select set (`NULL` for none given).
+fn fd_set(bytes: &[u8], n: usize, ptr: u64) -> String {
+    if ptr == 0 {
+        return "NULL".into();
+    }
+    let fds: Vec<String> = (0..n.min(bytes.len() * 8))
+        .filter(|fd| bytes[fd / 8] & (1 << (fd % 8)) != 0)
+        .map(|fd| fd.to_string())
+        .collect();
+    format!("[{}]", fds.join(" "))
+}
+
+fn trim_nul(b: &[u8]) -> &[u8] {
+    b.split(|c| *c == 0).next().unwrap_or(b)
+}
+
+/// Bytes as a C string literal, `...` after it when the call had more than was read.
+fn quoted(b: &[u8], total: usize) -> String {
+    let mut s = String::from("\"");
+    for &c in b {
+        match c {
+            b'"' => s.push_str("\\\""),
+            b'\\' => s.push_str("\\\\"),
+            b'\n' => s.push_str("\\n"),
+            b'\t' => s.push_str("\\t"),
+            0x20..=0x7e => s.push(c as char),
+            _ => {
+                let _ = write!(s, "\\x{c:02x}");
+            }
+        }
+    }
+    s.push('"');
+    if total != usize::MAX && total > b.len() {
+        s.push_str("...");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+use super::*;
+
+fn ev(tid: u32, kind: Kind, name: &str, args: [u64; 6], ret: i64) -> Event {
+    Event {
+        ts: 1_000_000_000,
+        tid,
+        tgid: 100,
+        kind,
+        nr: table::recorded(true).find(|s| s.name == name).unwrap().nr,
+        args,
+        ret,
+        captures: [vec![], vec![]],
+    }
+}
+
+fn started(r: &mut Renderer, out: &mut String) {
+    let mut e = ev(100, Kind::Exit, "execve", [0; 6], 0);
+    e.tgid = 100;
+    r.feed(e, out);
+}
+
+#[test]
+fn a_call_alone_is_one_line_and_an_interleaved_one_is_split_as_strace_splits_it() {
+    let mut r = Renderer::new(100, 0);
+    let mut out = String::new();
+    started(&mut r, &mut out);
+    let mut clone = ev(100, Kind::Enter, "clone3", [0x5000, 88, 0, 0, 0, 0], 0);
+    clone.captures[0] = (libc::CLONE_VM as u64 | libc::CLONE_THREAD as u64)
+        .to_ne_bytes()
+        .to_vec();
+    r.feed(clone, &mut out);
+    r.feed(ev(100, Kind::Exit, "clone3", [0; 6], 101), &mut out);
+    r.feed(
+        ev(100, Kind::Enter, "close", [5, 0, 0, 0, 0, 0], 0),
+        &mut out,
+    );
+    r.feed(ev(100, Kind::Exit, "close", [0; 6], 0), &mut out);
+    r.feed(
+        ev(101, Kind::Enter, "read", [7, 0, 16, 0, 0, 0], 0),
+        &mut out,
+    );
+    r.feed(
+        ev(100, Kind::Enter, "close", [7, 0, 0, 0, 0, 0], 0),
+        &mut out,
+    );
+    r.feed(ev(100, Kind::Exit, "close", [0; 6], 0), &mut out);
+    r.feed(
+        ev(101, Kind::Exit, "read", [0; 6], -(libc::EBADF as i64)),
+        &mut out,
+    );
+    let lines: Vec<&str> = out.lines().skip(2).collect();
+    assert_eq!(lines[0], "100 1.000000 close(5) = 0");
+    assert_eq!(lines[1], "101 1.000000 read(7, 0, 16 <unfinished ...>");
+    assert_eq!(lines[2], "100 1.000000 close(7) = 0");
+    assert_eq!(
+        lines[3],
+        "101 1.000000 <... read resumed>) = -1 EBADF (Bad file descriptor)"
+    );
+    // And the checker reads them as strace's: the read was in progress at the close.
+    let v = crate::orchestration::audit::analyse(
+        &out,
+        &[crate::model::scenario::AuditCheck::FdLifecycle],
+    );
+    assert!(
+        v.iter().any(|v| v.check == "close while in use"),
+        "{v:?} in\n{out}"
+    );
+}
+
+#[test]
+fn the_tracers_child_is_recorded_from_its_exec() {
+    let mut r = Renderer::new(100, 0);
+    let mut out = String::new();
+    r.feed(
+        ev(100, Kind::Enter, "close", [3, 0, 0, 0, 0, 0], 0),
+        &mut out,
+    );
+    r.feed(ev(100, Kind::Exit, "close", [0; 6], 0), &mut out);
+    assert!(out.is_empty(), "{out}");
+    started(&mut r, &mut out);
+    r.feed(
+        ev(100, Kind::Enter, "close", [3, 0, 0, 0, 0, 0], 0),
+        &mut out,
+    );
+    assert_eq!(out.lines().count(), 1, "pending until its return");
+    r.drained(1_000_000_000 + 10_000_000, &mut out);
+    assert_eq!(out.lines().count(), 1, "10 ms is not long");
+    r.drained(1_000_000_000 + 60_000_000, &mut out);
+    assert!(out.ends_with("close(3 <unfinished ...>\n"), "{out}");
+}
+
+#[test]
+fn sets_strings_and_returned_pairs_are_spelled_out() {
+    let mut r = Renderer::new(100, 0);
+    let mut out = String::new();
+    started(&mut r, &mut out);
+    let mut poll = ev(100, Kind::Enter, "ppoll", [0x1000, 2, 0, 0, 8, 0], 0);
+    let mut fds = vec![];
+    for fd in [7i32, 9] {
+        fds.extend(fd.to_ne_bytes());
+        fds.extend(1i16.to_ne_bytes());
+        fds.extend(0i16.to_ne_bytes());
+    }
+    poll.captures[0] = fds;
+    r.feed(poll, &mut out);
+    r.feed(ev(100, Kind::Exit, "ppoll", [0; 6], 1), &mut out);
+    assert!(
+        out.contains("ppoll([{fd=7, events=0x1}, {fd=9, events=0x1}], 2, NULL, NULL, 8) = 1"),
+        "{out}"
+    );
+    r.feed(
+        ev(100, Kind::Enter, "write", [4, 0x2000, 200, 0, 0, 0], 0),
+        &mut out,
+    );
+    let mut w = ev(100, Kind::Exit, "write", [4, 0x2000, 200, 0, 0, 0], 200);
+    w.captures[0] = b"{\"step-start\"\n".to_vec();
+    r.feed(w, &mut out);
+    assert!(
+        out.contains(r#"write(4, "{\"step-start\"\n"..., 200) = 200"#),
+        "{out}"
+    );
+    r.feed(
+        ev(100, Kind::Enter, "pipe2", [0x3000, 0x80000, 0, 0, 0, 0], 0),
+        &mut out,
+    );
+    let mut ret = ev(100, Kind::Exit, "pipe2", [0x3000, 0x80000, 0, 0, 0, 0], 0);
+    ret.captures[0] = [5i32.to_ne_bytes(), 6i32.to_ne_bytes()].concat();
+    r.feed(ret, &mut out);
+    assert!(out.contains("pipe2([5, 6], 524288) = 0"), "{out}");
+    let mut sel = ev(100, Kind::Enter, "pselect6", [10, 0x4000, 0, 0, 0, 0], 0);
+    sel.captures[0] = {
+        let mut b = vec![0u8; 128];
+        b[0] = 0b0010_1000;
+        b
+    };
+    r.feed(sel, &mut out);
+    r.feed(ev(100, Kind::Exit, "pselect6", [0; 6], 0), &mut out);
+    assert!(
+        out.contains("pselect6(10, [3 5], NULL, NULL, NULL, NULL) = 0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_record_of_the_kernel_sides_size_decodes_and_a_short_one_does_not() {
+    let mut b = vec![0u8; EVENT_SIZE];
+    b[8..12].copy_from_slice(&42u32.to_ne_bytes());
+    b[16..20].copy_from_slice(&1u32.to_ne_bytes());
+    b[72..80].copy_from_slice(&(-9i64).to_ne_bytes());
+    b[80..84].copy_from_slice(&3u32.to_ne_bytes());
+    b[88..91].copy_from_slice(b"abc");
+    let e = Event::decode(&b).unwrap();
+    assert_eq!((e.tid, e.kind, e.ret), (42, Kind::Exit, -9));
+    assert_eq!(e.captures[0], b"abc");
+    assert!(Event::decode(&b[..100]).is_none());
+}
