@@ -189,6 +189,10 @@ bench-twice *args="": build-deps (apt "sockperf" "iperf3")
 bench-launch *args="": build-deps setup-slurm setup-containers
     cargo run --release -q -p wringer --bin wringer -- bench --launch-slurm hosts/slurm-containers.yaml --launch-ssh hosts/containers.yaml --ranks 8,32,64 --out reports/bench-launch {{args}}
 
+# What the lifecycle audit costs: whole audited scenarios with the eBPF and the strace recorder, each against the same scenario unaudited, in alternating rounds.
+bench-audit hosts="hosts/local.yaml" *args="": build-deps (apt "strace")
+    cargo run --release -q -p wringer --bin wringer -- bench --audit-cost {{hosts}} --out reports/bench-audit {{args}}
+
 # The RDMA rows of the bench (ours vs ib_send_lat and ib_write_bw, same VM, same sizes), inside a soft-RoCE VM.
 bench-rdma: build-deps setup-rxe
     #!/usr/bin/env bash

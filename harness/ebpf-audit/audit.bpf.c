@@ -19,6 +19,11 @@ typedef int __s32;
 
 enum { BPF_MAP_TYPE_HASH = 1, BPF_MAP_TYPE_ARRAY = 2, BPF_MAP_TYPE_RINGBUF = 27 };
 enum { BPF_ANY = 0 };
+enum { BPF_RB_NO_WAKEUP = 1, BPF_RB_FORCE_WAKEUP = 2, BPF_RB_AVAIL_DATA = 0 };
+
+// The reader is woken only once this much is waiting (it also drains every few ms): a wakeup
+// per event would cost the traced program a context switch per syscall.
+#define WAKE_AT (256 << 10)
 
 // Helper numbers are the kernel's stable ABI (include/uapi/linux/bpf.h).
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
@@ -29,6 +34,7 @@ static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;
 static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
 static long (*bpf_probe_read_user_str)(void *dst, __u32 size, const void *src) = (void *)114;
 static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
+static __u64 (*bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
 static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
 
@@ -196,6 +202,12 @@ static __attribute__((always_inline)) struct capture *wanted(__u64 pid_tgid, lon
     return c && c->wanted ? c : 0;
 }
 
+static __attribute__((always_inline)) void submit(struct event *e) {
+    __u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= WAKE_AT ? BPF_RB_FORCE_WAKEUP
+                                                                         : BPF_RB_NO_WAKEUP;
+    bpf_ringbuf_submit(e, flags);
+}
+
 static __attribute__((always_inline)) int read_at_exit(struct capture *c) {
     return c->when[0] == AT_EXIT || c->when[1] == AT_EXIT;
 }
@@ -220,7 +232,7 @@ int on_enter(struct sys_enter_ctx *ctx) {
             a.v[i] = e->args[i];
         bpf_map_update_elem(&entered, &tid, &a, BPF_ANY);
     }
-    bpf_ringbuf_submit(e, 0);
+    submit(e);
     return 0;
 }
 
@@ -247,7 +259,7 @@ int on_exit(struct sys_exit_ctx *ctx) {
             }
         }
     }
-    bpf_ringbuf_submit(e, 0);
+    submit(e);
     return 0;
 }
 
@@ -277,7 +289,7 @@ int on_task_exit(void *ctx) {
     bpf_map_delete_elem(&entered, &tid);
     struct event *e = reserve(pid_tgid, THREAD_EXIT, -1);
     if (e)
-        bpf_ringbuf_submit(e, 0);
+        submit(e);
     return 0;
 }
 

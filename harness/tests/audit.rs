@@ -221,3 +221,33 @@ fn the_audit_catches_every_release_under_a_waiting_thread_and_passes_the_correct
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A ring buffer too small for the program's syscalls drops events; the trace says how many,
+/// so that the audit reads it as incomplete, never as clean.
+#[test]
+fn events_the_ring_buffer_drops_are_counted_in_the_trace() {
+    let dir = temp("lossy");
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("lossy.trace");
+    let status = Command::new(env!("CARGO_BIN_EXE_wringer"))
+        .args(["trace-syscalls", "--out"])
+        .arg(&trace)
+        .args([
+            "--",
+            "dd",
+            "if=/dev/zero",
+            "of=/dev/null",
+            "bs=1",
+            "count=20000",
+        ])
+        // One page: a dozen events, and the reader is not woken before far more are waiting.
+        .env("WRINGER_EBPF_RING_BYTES", "4096")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "dd under the recorder: {status}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let lost = wringer::orchestration::syscall_trace::lost_events(&text);
+    assert!(lost > 1000, "{lost} events counted lost in\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

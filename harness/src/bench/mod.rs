@@ -3,6 +3,7 @@
 //! median ratio with its spread (Markdown and JSON, every round kept raw). Benchmarks never fail
 //! a build; a goal that is missed is reported as missed.
 
+mod audit_cost;
 mod launch;
 mod method;
 mod ours;
@@ -31,6 +32,9 @@ pub struct BenchOptions {
     /// Only the launcher rows: a Slurm profile against an SSH profile over the same number of
     /// hosts (`just bench-launch`).
     pub launch: Option<(PathBuf, PathBuf)>,
+    /// Only the audit's cost: audited scenarios with each recorder against unaudited, on this
+    /// host profile (`just bench-audit`).
+    pub audit_cost: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy)]
@@ -327,6 +331,12 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     };
     if opts.rdma_only {
         return Ok(report(rdma_rows(method), placement));
+    }
+    if let Some(hosts) = &opts.audit_cost {
+        return Ok(report(
+            audit_cost::rows(hosts, method, &opts.out_dir),
+            placement,
+        ));
     }
     if let Some((slurm, ssh)) = &opts.launch {
         let logs = opts.out_dir.join("bench-logs");

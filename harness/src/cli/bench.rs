@@ -35,6 +35,10 @@ pub struct Args {
     /// The SSH profile the Slurm launcher is measured against.
     #[arg(long, requires = "launch_slurm")]
     pub launch_ssh: Option<PathBuf>,
+    /// Only the audit's cost: whole audited scenarios on this host profile with the eBPF and
+    /// the strace recorder, each against the same scenario unaudited (`just bench-audit`).
+    #[arg(long)]
+    pub audit_cost: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -48,6 +52,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         only,
         launch_slurm,
         launch_ssh,
+        audit_cost,
     } = a;
     // Read first: a missing or broken earlier report is an input error before any work.
     use anyhow::Context as _;
@@ -68,6 +73,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         rdma_only,
         only,
         launch: launch_slurm.zip(launch_ssh),
+        audit_cost,
     };
     let report = bench::run(&opts)?;
     let mut text = bench::markdown(&report);

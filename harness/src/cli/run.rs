@@ -35,6 +35,9 @@ pub struct Args {
     /// for (to measure what the audit costs, or where strace cannot run).
     #[arg(long)]
     pub no_audit: bool,
+    /// Keep the audit but set the scenarios' perturbations aside (to measure a recorder alone).
+    #[arg(long, conflicts_with = "perturb")]
+    pub no_perturb: bool,
     /// What records the ranks' syscalls for the audit (default: eBPF where every host can
     /// use it, else strace; also WRINGER_AUDIT_BACKEND). Perturbations always use strace.
     #[arg(long, value_enum)]
@@ -63,7 +66,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         strict: a.strict,
         no_audit: a.no_audit,
         attempt: a.replay.attempt,
-        perturb: a.replay.perturb(),
+        perturb: if a.no_perturb {
+            Some(vec![])
+        } else {
+            a.replay.perturb()
+        },
         faults: a.replay.faults(),
         until_fail: a.replay.until_fail,
         replays: a.replay.replays,

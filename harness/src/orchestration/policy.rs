@@ -79,13 +79,19 @@ impl Policy<'_> {
                 return self.unmet(reason, &[]);
             }
         }
-        if let Some(f) = self.facts.iter().find(|f| traced && !f.strace) {
+        // strace is needed for perturbations (it injects them), and wherever any host of the
+        // run cannot record with eBPF (the run then records with strace on every host).
+        let ebpf_everywhere = self.facts.iter().all(|f| f.ebpf_absent.is_none());
+        let needs_strace = traced && (!s.perturb.is_empty() || !ebpf_everywhere);
+        if let Some(f) = self.facts.iter().find(|f| needs_strace && !f.strace) {
+            let why = if s.perturb.is_empty() {
+                "the lifecycle audit records syscalls with strace where eBPF cannot"
+            } else {
+                "perturbations are injected by strace"
+            };
             let reason = SkipReason {
                 code: SkipCode::NoStrace,
-                detail: format!(
-                    "the lifecycle audit runs ranks under strace, which {} lacks: install Debian's `strace`",
-                    f.host
-                ),
+                detail: format!("{why}, which {} lacks: install Debian's `strace`", f.host),
             };
             return self.unmet(reason, &[]);
         }
@@ -294,6 +300,34 @@ mod tests {
         assert_eq!(why.code, SkipCode::NoStrace, "{why}");
         policy.no_audit = true;
         assert_eq!(policy.decide(&s.scenario), Decision::Run);
+    }
+
+    #[test]
+    fn without_perturbations_strace_is_needed_only_where_ebpf_cannot_record() {
+        let s = scenario("tcp-close-during-recv");
+        assert!(!s.scenario.audit.is_empty() && s.scenario.perturb.is_empty());
+        let p = profile::load(&repo("hosts/local.yaml")).unwrap();
+        let mut f = bare();
+        f.strace = false;
+        f.ebpf_absent = None;
+        let mut facts = [f];
+        let decide = |facts: &[HostFacts]| {
+            Policy {
+                profile: &p,
+                facts,
+                strict: false,
+                strikes: Strikes::default(),
+                no_audit: false,
+            }
+            .decide(&s.scenario)
+        };
+        assert_eq!(decide(&facts), Decision::Run);
+        facts[0].ebpf_absent = Some("loading BPF programs needs root".into());
+        let Decision::Skip(why) = decide(&facts) else {
+            panic!("expected a skip")
+        };
+        assert_eq!(why.code, SkipCode::NoStrace, "{why}");
+        assert!(why.detail.contains("where eBPF cannot"), "{why}");
     }
 
     #[test]

@@ -32,8 +32,10 @@ pub fn unusable() -> Option<String> {
     if let Err(e) = mount_tracefs() {
         return Some(e);
     }
+    // Loaded and verified, not attached: a detach waits for RCU grace periods (about 70 ms
+    // each here), which every run would pay at its start.
     #[cfg(ebpf_audit)]
-    if let Err(e) = kernel::Tracer::load(false) {
+    if let Err(e) = kernel::Tracer::load(false, false) {
         return Some(format!("the BPF program did not load: {e:#}"));
     }
     None
@@ -103,6 +105,7 @@ mod kernel {
 
     use anyhow::{Context, Result};
     use aya::maps::{Array, HashMap, MapData, RingBuf};
+    use aya::programs::trace_point::TracePointLinkId;
     use aya::programs::TracePoint;
     use aya::{Ebpf, EbpfLoader};
 
@@ -116,15 +119,24 @@ mod kernel {
 
     pub struct Tracer {
         bpf: Ebpf,
+        links: Vec<(&'static str, TracePointLinkId)>,
     }
 
     impl Tracer {
-        /// Load and attach the program, recording the syscalls of the audit (and `futex`).
-        pub fn load(futex: bool) -> Result<Tracer> {
+        /// Load the program, recording the syscalls of the audit (and `futex`), and attach it.
+        pub fn load(futex: bool, attach: bool) -> Result<Tracer> {
             raise_memlock();
             let child = fork_child_offset()?;
-            let mut bpf = EbpfLoader::new()
-                .override_global("fork_child_pid", &child, true)
+            let mut loader = EbpfLoader::new();
+            loader.override_global("fork_child_pid", &child, true);
+            // Tests shrink the ring to make it overflow (a power of two of pages).
+            if let Some(bytes) = std::env::var("WRINGER_EBPF_RING_BYTES")
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+            {
+                loader.map_max_entries("events", bytes);
+            }
+            let mut bpf = loader
                 .load(PROGRAM)
                 .context("loading the audit's BPF program")?;
             {
@@ -134,6 +146,7 @@ mod kernel {
                     captures.set(s.nr as u32, table::capture_entry(s), 0)?;
                 }
             }
+            let mut links = vec![];
             for (prog, category, name) in [
                 ("on_enter", "raw_syscalls", "sys_enter"),
                 ("on_exit", "raw_syscalls", "sys_exit"),
@@ -145,10 +158,32 @@ mod kernel {
                     .with_context(|| format!("no program {prog}"))?
                     .try_into()?;
                 p.load().with_context(|| format!("verifying {prog}"))?;
-                p.attach(category, name)
-                    .with_context(|| format!("attaching {prog} to {category}:{name}"))?;
+                if attach {
+                    let id = p
+                        .attach(category, name)
+                        .with_context(|| format!("attaching {prog} to {category}:{name}"))?;
+                    links.push((prog, id));
+                }
             }
-            Ok(Tracer { bpf })
+            Ok(Tracer { bpf, links })
+        }
+
+        /// Detach every tracepoint at once: each detach waits out RCU grace periods, and one
+        /// after the other they would add about a quarter of a second to every rank's end.
+        fn detach(mut self) {
+            let mut taken = vec![];
+            for (prog, id) in std::mem::take(&mut self.links) {
+                let p: Option<&mut TracePoint> =
+                    self.bpf.program_mut(prog).and_then(|p| p.try_into().ok());
+                if let Some(link) = p.and_then(|p| p.take_link(id).ok()) {
+                    taken.push(link);
+                }
+            }
+            std::thread::scope(|s| {
+                for link in taken {
+                    s.spawn(move || drop(link));
+                }
+            });
         }
 
         /// Events dropped because the ring buffer was full.
@@ -205,7 +240,7 @@ mod kernel {
     }
 
     pub fn trace(out: &Path, futex: bool, program: &[String]) -> Result<ExitStatus> {
-        let mut tracer = Tracer::load(futex)?;
+        let mut tracer = Tracer::load(futex, true)?;
         let mut file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
         {
             let mut traced: HashMap<_, u32, u8> =
@@ -256,6 +291,9 @@ mod kernel {
                 text.clear();
             }
             if let Some(status) = exited {
+                drop(file);
+                drop(ring);
+                tracer.detach();
                 return Ok(status);
             }
         }

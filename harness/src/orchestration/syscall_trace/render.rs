@@ -104,13 +104,7 @@ impl Renderer {
             return;
         }
         // Another thread's event splits the calls in progress, as strace does.
-        let others: Vec<u32> = self
-            .pending
-            .keys()
-            .copied()
-            .filter(|t| *t != e.tid)
-            .collect();
-        for t in others {
+        while let Some(t) = self.pending.keys().copied().find(|t| *t != e.tid) {
             self.print_unfinished(t, out);
         }
         match e.kind {
@@ -210,9 +204,22 @@ impl Renderer {
         self.unfinished.insert(tid, s);
     }
 
-    fn time(&self, ts: u64) -> String {
-        let t = (ts as i128 + self.epoch_offset_ns).max(0);
-        format!("{}.{:06}", t / 1_000_000_000, (t % 1_000_000_000) / 1000)
+    fn time(&self, ts: u64) -> Time {
+        Time((ts as i128 + self.epoch_offset_ns).max(0))
+    }
+}
+
+/// A time of day as strace's `-ttt` prints it, written straight into the line.
+struct Time(i128);
+
+impl std::fmt::Display for Time {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}.{:06}",
+            self.0 / 1_000_000_000,
+            (self.0 % 1_000_000_000) / 1000
+        )
     }
 }
 

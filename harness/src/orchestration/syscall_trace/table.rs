@@ -280,9 +280,17 @@ pub fn recorded(with_futex: bool) -> impl Iterator<Item = &'static Syscall> {
         .chain(with_futex.then_some(&FUTEX))
 }
 
-/// A recorded syscall by number.
+/// A recorded syscall by number (looked up once per event: a table, not a search).
 pub fn by_nr(nr: i64) -> Option<&'static Syscall> {
-    recorded(true).find(|s| s.nr == nr)
+    static BY_NR: std::sync::OnceLock<Vec<Option<&'static Syscall>>> = std::sync::OnceLock::new();
+    let table = BY_NR.get_or_init(|| {
+        let mut t = vec![None; 512];
+        for s in recorded(true) {
+            t[s.nr as usize] = Some(s);
+        }
+        t
+    });
+    table.get(usize::try_from(nr).ok()?).copied().flatten()
 }
 
 /// The 16-byte entry the kernel side reads for one syscall (`struct capture` in

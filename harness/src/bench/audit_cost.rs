@@ -1,0 +1,80 @@
+//! What the lifecycle audit costs: whole audited scenarios (start-up included, as a user waits
+//! for all of it) with each syscall recorder against the same scenario unaudited, alternating
+//! in rounds like every other row. Perturbations are set aside on both sides: they are strace's
+//! to inject, and what is measured is the recorder.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use super::{versus, Goal, Method, Row, Sample};
+
+/// The audited scenarios measured here, and the goal for eBPF on each.
+pub const SCENARIOS: &[(&str, Option<f64>)] = &[
+    ("scenarios/tcp-teardown-cycles.yaml", Some(1.5)),
+    ("scenarios/tcp-close-during-recv.yaml", None),
+];
+
+/// One run of `scenario` on `hosts`, with `flags`: its wall time in seconds. It must pass.
+fn once(hosts: &Path, scenario: &Path, flags: &[&str], logs: &Path) -> Result<Sample> {
+    let exe = std::env::current_exe().context("locating the wringer binary")?;
+    let dir = logs.join(format!("audit-cost-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let started = Instant::now();
+    let out = Command::new(exe)
+        .args(["run", "--hosts"])
+        .arg(hosts)
+        .args(["--replays", "0", "--report-dir"])
+        .arg(&dir)
+        .args(flags)
+        .arg(scenario)
+        .stdin(Stdio::null())
+        .output()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    if !out.status.success() {
+        bail!(
+            "{} {} exited {}: {}",
+            scenario.display(),
+            flags.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+    Ok(Sample {
+        value: seconds,
+        p99: None,
+        count: None,
+    })
+}
+
+pub fn rows(hosts: &Path, method: Method, logs: &Path) -> Vec<Row> {
+    let mut rows = vec![];
+    for &(file, goal) in SCENARIOS {
+        let scenario = Path::new(file);
+        let name = scenario.file_stem().unwrap_or_default().to_string_lossy();
+        for (backend, goal) in [("ebpf", goal), ("strace", None)] {
+            rows.push(versus(
+                method,
+                (
+                    format!("audit cost: {name}, audited by {backend} vs unaudited"),
+                    "s",
+                    "the same scenario, unaudited",
+                    goal.map(Goal::RatioAtMost),
+                ),
+                || {
+                    once(
+                        hosts,
+                        scenario,
+                        &["--audit-backend", backend, "--no-perturb"],
+                        logs,
+                    )
+                },
+                || once(hosts, scenario, &["--no-audit"], logs),
+            ));
+        }
+    }
+    rows
+}
