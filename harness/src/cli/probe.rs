@@ -84,4 +84,15 @@ fn print_facts(profile: &str, f: &probe::HostFacts) {
     wringer::say!("docker:  {}", f.docker);
     wringer::say!("vm:      {} (virtme-ng + qemu)", f.vm);
     wringer::say!("gdb:     {}", f.gdb);
+    match &f.ebpf_absent {
+        None => wringer::say!(
+            "audit:   eBPF (strace {})",
+            if f.strace {
+                "for perturbations"
+            } else {
+                "missing: perturbations skip"
+            }
+        ),
+        Some(why) => wringer::say!("audit:   strace ({why})"),
+    }
 }
