@@ -41,8 +41,8 @@ enum Command {
     Report(cli::report::Args),
     /// The rank worker (started by `wringer run`, not by hand).
     Rank(cli::rank::Args),
-    /// Run a program under the audit's eBPF recorder (started by `wringer run`, not by hand).
-    #[command(hide = true)]
+    /// Run a program under the audit's eBPF syscall recorder (started by `wringer run`, not by
+    /// hand).
     TraceSyscalls(cli::trace::Args),
 }
 

@@ -247,7 +247,7 @@ fn events_the_ring_buffer_drops_are_counted_in_the_trace() {
         .unwrap();
     assert!(status.success(), "dd under the recorder: {status}");
     let text = std::fs::read_to_string(&trace).unwrap();
-    let lost = wringer::orchestration::syscall_trace::lost_events(&text);
+    let lost = wringer::hosts::syscall_trace::lost_events(&text);
     assert!(lost > 1000, "{lost} events counted lost in\n{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,7 +4,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
-use wringer::orchestration::syscall_trace;
+use wringer::hosts::syscall_trace;
 
 #[derive(clap::Args)]
 pub struct Args {

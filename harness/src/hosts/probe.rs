@@ -118,7 +118,7 @@ pub fn local() -> HostFacts {
         vm: on_path("vng") && on_path("qemu-system-x86_64"),
         gdb: on_path("gdb"),
         strace: on_path("strace"),
-        ebpf_absent: crate::orchestration::syscall_trace::unusable(),
+        ebpf_absent: crate::hosts::syscall_trace::unusable(),
     }
 }
 

@@ -10,6 +10,5 @@ pub mod preflight;
 pub mod runner;
 pub mod shrink;
 pub mod slurm_step;
-pub mod syscall_trace;
 pub mod verbs_audit;
 pub mod verdict;

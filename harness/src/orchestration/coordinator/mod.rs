@@ -423,7 +423,7 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
                 continue;
             }
         };
-        let lost = crate::orchestration::syscall_trace::lost_events(&text);
+        let lost = crate::hosts::syscall_trace::lost_events(&text);
         if lost > 0 {
             // A trace with holes could hide the very close it should show: never clean.
             found.push(violation(
