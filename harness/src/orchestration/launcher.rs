@@ -254,10 +254,15 @@ impl RankGroup {
     }
 
     /// The rank's PID where it runs.
+    /// The rank's own PID: as it reported it when remote, or when a syscall recorder (strace,
+    /// `trace-syscalls`) is the local child, so that faults and stack captures reach the
+    /// rank, not its recorder.
     pub fn pid(&self, rank: u32) -> Option<u32> {
         let p = self.procs.get(rank as usize)?;
         if self.is_remote() {
             p.remote_pid
+        } else if self.traced {
+            p.remote_pid.or_else(|| p.child.as_ref().map(Child::id))
         } else {
             p.child.as_ref().map(Child::id)
         }

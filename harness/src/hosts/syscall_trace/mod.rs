@@ -99,6 +99,7 @@ mod kernel {
     use std::fs::File;
     use std::io::Write;
     use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
     use std::path::Path;
     use std::process::{Command, ExitStatus};
     use std::time::Duration;
@@ -251,8 +252,19 @@ mod kernel {
         let mut ring: RingBuf<MapData> =
             RingBuf::try_from(tracer.bpf.take_map("events").context("no events map")?)?;
         let (name, args) = program.split_first().context("no program to trace")?;
-        let mut child = Command::new(name)
-            .args(args)
+        let mut command = Command::new(name);
+        command.args(args);
+        // SAFETY: prctl is async-signal-safe and touches no memory of ours. If the recorder is
+        // killed (a fault aimed at it, the run's end), the program goes too, as under strace.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
             .spawn()
             .with_context(|| format!("starting {name}"))?;
         let mut render = Renderer::new(child.id(), epoch_offset());
