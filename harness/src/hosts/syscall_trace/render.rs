@@ -74,8 +74,6 @@ pub struct Renderer {
     /// Add to a monotonic timestamp for the time of day.
     epoch_offset_ns: i128,
     pending: BTreeMap<u32, Event>,
-    /// Calls printed as unfinished, by thread.
-    unfinished: BTreeMap<u32, &'static Syscall>,
 }
 
 impl Renderer {
@@ -85,7 +83,6 @@ impl Renderer {
             root_started: false,
             epoch_offset_ns,
             pending: BTreeMap::new(),
-            unfinished: BTreeMap::new(),
         }
     }
 
@@ -135,7 +132,6 @@ impl Renderer {
                             self.pending.insert(e.tid, p);
                             self.print_unfinished(e.tid, out);
                         }
-                        self.unfinished.remove(&e.tid);
                         let after = if s.captures.iter().flatten().any(|c| c.at_exit) {
                             args_text(s, &e, Some(&e))
                         } else {
@@ -158,7 +154,6 @@ impl Renderer {
                     self.pending.insert(e.tid, p);
                     self.print_unfinished(e.tid, out);
                 }
-                self.unfinished.remove(&e.tid);
                 let _ = writeln!(out, "{} {} +++ exited +++", e.tid, self.time(e.ts));
             }
         }
@@ -201,7 +196,6 @@ impl Renderer {
             s.name,
             args_text(s, &p, None)
         );
-        self.unfinished.insert(tid, s);
     }
 
     fn time(&self, ts: u64) -> Time {
