@@ -4,9 +4,11 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# Unit and integration tests (nextest, CI profile), clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
+# Unit and integration tests (nextest, CI profile), the transport's doctests, clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
 test: build-deps (apt "chromium" "strace") cuda-tools external
     WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
+    # nextest runs no doctests: the transport's compile_fail examples (a lent receive slot cannot be reused while it is out) run here.
+    cargo test --doc -p wringer-transport --all-features
     cargo clippy --workspace --all-targets --all-features -- -D warnings
     # The GPU feature without RDMA must build on its own too.
     cargo clippy -p wringer-transport --features gpu --all-targets -- -D warnings

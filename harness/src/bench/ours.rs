@@ -396,6 +396,46 @@ pub fn rdma_pingpong(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sa
     })
 }
 
+/// RDMA SEND one-way latency p50/p99 (µs) with no copy on either side, as `ib_send_lat` runs:
+/// the pinger sends from a region it registered, the echoing side receives in place and sends
+/// the message back from the ring slot it landed in.
+pub fn rdma_pingpong_in_place(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sample> {
+    use wringer_transport::rdma::rc::InPlace;
+    let (mut c, server) = rc_loopback(ip, next_rc_port(), size, move |c| {
+        for i in 0..iters {
+            match c.recv_in_place(RC_TIMEOUT)? {
+                InPlace::Message(m) => m.echo(RC_TIMEOUT)?,
+                InPlace::Other(other) => anyhow::bail!("round {i}: expected a SEND, got {other:?}"),
+            }
+        }
+        Ok(())
+    })?;
+    let mut msg = vec![0x5au8; size];
+    // SAFETY: `msg` outlives the region (dropped below, after it) and is not written while the
+    // NIC reads it.
+    let region = unsafe { c.register_host(msg.as_mut_ptr(), size) }?;
+    let mut hist = Histogram::<u64>::new(3)?;
+    let mut ticks = Vec::with_capacity(iters as usize);
+    let clock = Ticks::start();
+    for _ in 0..iters {
+        let t = Ticks::now();
+        c.send_region(&region, 0, size, RC_TIMEOUT)?;
+        drop(c.recv_in_place(RC_TIMEOUT)?);
+        ticks.push(Ticks::now() - t);
+    }
+    let per_ns = clock.per_ns();
+    for t in ticks {
+        hist.record((t as f64 / per_ns / 2.0) as u64)?;
+    }
+    drop(region);
+    joined(server)?;
+    Ok(Sample {
+        value: hist.value_at_quantile(0.5) as f64 / 1e3,
+        p99: Some(hist.value_at_quantile(0.99) as f64 / 1e3),
+        count: Some(iters.into()),
+    })
+}
+
 /// RDMA WRITE (with immediate) bandwidth in Gbit/s, measured at the writer: `iters` writes of
 /// `size` bytes from a region the caller registered into the region the peer advertised, no
 /// byte copied on either side, pipelined up to the send queue's depth.
@@ -432,7 +472,7 @@ pub fn rdma_write_bw(ip: std::net::IpAddr, size: usize, iters: u32) -> Result<Sa
     for i in 0..iters {
         c.post_region_write(&region, 0, size, &peer, 0, i, RC_TIMEOUT)?;
     }
-    c.finish_writes(RC_TIMEOUT)?;
+    c.finish_posted(RC_TIMEOUT)?;
     let secs = t.elapsed().as_secs_f64();
     drop(region);
     joined(server)?;

@@ -268,13 +268,17 @@ pub enum Series {
     WriteLatency,
     /// RDMA WRITE into caller-registered regions, round trip / 2.
     RegionWriteLatency,
+    /// RDMA SEND from a caller-registered region, received and echoed in place (no copy on
+    /// either side), round trip / 2.
+    InPlaceLatency,
 }
 
 impl Series {
-    pub const ALL: [Series; 3] = [
+    pub const ALL: [Series; 4] = [
         Series::Latency,
         Series::WriteLatency,
         Series::RegionWriteLatency,
+        Series::InPlaceLatency,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -282,6 +286,7 @@ impl Series {
             Series::Latency => "latency",
             Series::WriteLatency => "write_latency",
             Series::RegionWriteLatency => "region_write_latency",
+            Series::InPlaceLatency => "in_place_latency",
         }
     }
 
@@ -291,6 +296,7 @@ impl Series {
             Series::Latency => "one-way latency",
             Series::WriteLatency => "RDMA WRITE one-way latency",
             Series::RegionWriteLatency => "RDMA WRITE (registered regions) one-way latency",
+            Series::InPlaceLatency => "RDMA SEND in place (zero-copy) one-way latency",
         }
     }
 }

@@ -49,6 +49,10 @@ pub enum RdmaError {
     NoWriteTarget,
     #[error("immediate data {0:#x} uses bit 31, which marks writes into registered regions")]
     ImmReserved(u32),
+    #[error(
+        "send completion {got} arrived before {expected}: an RC send queue completes in order"
+    )]
+    OutOfOrder { expected: u64, got: u64 },
     #[error("{len} bytes at offset {offset} exceed the {capacity}-byte {which} region")]
     OutOfRegion {
         which: &'static str,
@@ -241,6 +245,82 @@ pub enum Received {
     },
 }
 
+/// What a wait found for `recv`: a SEND's bytes in a ring slot (not yet copied out or lent), or
+/// a write, which is complete as it stands.
+enum Arrival {
+    Landed { slot: usize, len: usize },
+    Done(Received),
+}
+
+/// What [`RcConnection::recv_in_place`] hands back.
+pub enum InPlace<'c> {
+    /// A message, where it landed.
+    Message(LentSlot<'c>),
+    /// A write, as [`RcConnection::recv`] returns it.
+    Other(Received),
+}
+
+/// A message in the receive ring slot it landed in, lent to the caller. Reads as the message's
+/// bytes. The slot is posted again when the loan ends: on drop, or by
+/// [`give_back`](Self::give_back) (which returns a failure to post) or
+/// [`echo`](Self::echo) (which first sends the bytes back from where they are).
+pub struct LentSlot<'c> {
+    conn: &'c mut RcConnection,
+    slot: usize,
+    len: usize,
+    returned: bool,
+}
+
+impl LentSlot<'_> {
+    fn range(&self) -> std::ops::Range<usize> {
+        let start = self.slot * self.conn.opts.max_message;
+        start..start + self.len
+    }
+
+    /// End the loan: post the slot again.
+    pub fn give_back(mut self) -> Result<(), RdmaError> {
+        self.returned = true;
+        self.conn.post_recv(self.slot)
+    }
+
+    /// SEND the message back to the peer from the slot itself (no copy), wait for the send to
+    /// complete within `timeout`, then end the loan.
+    pub fn echo(mut self, timeout: Duration) -> Result<(), RdmaError> {
+        let conn = &mut *self.conn;
+        let lkey = conn.v().recv_mr.lkey();
+        let addr = conn.b().recv.as_ptr() as u64 + (self.slot * conn.opts.max_message) as u64;
+        conn.wait_for_send_slot(timeout)?;
+        // SAFETY: the slot lies inside the receive buffer, registered as `recv_mr`. It is lent,
+        // so no receive is posted into it, and it stays out of the ring until the send's
+        // completion is reaped below (or, when that fails, for good: see below).
+        unsafe { conn.post(lkey, addr, self.len, None)? };
+        if let Err(e) = conn.finish_posted(timeout) {
+            // The NIC may still read the slot: it must not take a receive again.
+            self.returned = true;
+            return Err(e);
+        }
+        self.give_back()
+    }
+}
+
+impl std::ops::Deref for LentSlot<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.conn.b().recv[self.range()]
+    }
+}
+
+impl Drop for LentSlot<'_> {
+    fn drop(&mut self) {
+        if !self.returned {
+            if let Err(e) = self.conn.post_recv(self.slot) {
+                self.conn.repost_failed = Some(e);
+            }
+        }
+    }
+}
+
 /// Set in the immediate data of writes into a registered region, so the receiver knows the
 /// bytes are not in the connection's own write buffer.
 const REGION_WRITE: u32 = 1 << 31;
@@ -271,6 +351,18 @@ impl Region {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// `offset..offset + len` lies inside the region.
+    fn holds(&self, offset: usize, len: usize) -> Result<(), RdmaError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(RdmaError::OutOfRegion {
+                which: "local",
+                offset: offset as u64,
+                len,
+                capacity: self.len,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A peer's region as it advertised it: 16 bytes on the wire (addr, rkey, len; big-endian).
@@ -299,8 +391,10 @@ impl RemoteRegion {
     }
 }
 
-const SEND_WR: u64 = u64::MAX;
-const WRITE_WR: u64 = u64::MAX - 1;
+/// Send-queue work requests (SENDs and WRITEs) carry this bit and their sequence number in
+/// their wr_id; receives carry their ring slot. RC completes a send queue in order, and the
+/// sequence lets every wait check that it does.
+const SEND_QUEUE: u64 = 1 << 63;
 
 /// Send work requests a connection may have in flight: region writes are pipelined up to this
 /// (or to the receive ring's depth, whichever is smaller: each write with immediate consumes
@@ -569,10 +663,16 @@ pub struct RcConnection {
     own_channel: Option<Arc<EventChannel>>,
     opts: RcOptions,
     peer_target: Option<(u64, u32, u32)>,
-    ready: VecDeque<Received>,
+    ready: VecDeque<Arrival>,
     counts: CompletionCounts,
     /// Send work requests posted and not yet completed.
     in_flight: usize,
+    /// Sequence numbers of send work requests: the next to post, the next to complete.
+    sends_posted: u64,
+    sends_completed: u64,
+    /// A receive slot that could not be posted again when its lender gave it back (in `Drop`,
+    /// which cannot return it): the next wait returns it.
+    repost_failed: Option<RdmaError>,
     /// Receive work requests posted and not yet completed.
     posted_recvs: usize,
     peer_gone: Arc<std::sync::atomic::AtomicBool>,
@@ -678,6 +778,9 @@ impl RcConnection {
             ready: VecDeque::new(),
             counts: CompletionCounts::default(),
             in_flight: 0,
+            sends_posted: 0,
+            sends_completed: 0,
+            repost_failed: None,
             posted_recvs: 0,
             peer_gone: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             ack: None,
@@ -864,18 +967,20 @@ impl RcConnection {
         len: usize,
         write: Option<(u32, u64, u32)>,
     ) -> Result<(), RdmaError> {
+        let wr_id = SEND_QUEUE | self.sends_posted;
         let mut guard = self.v().qp.start_post_send();
         let wr = match write {
             None => guard
-                .construct_wr(SEND_WR, WorkRequestFlags::Signaled)
+                .construct_wr(wr_id, WorkRequestFlags::Signaled)
                 .setup_send(),
             Some((rkey, raddr, imm)) => guard
-                .construct_wr(WRITE_WR, WorkRequestFlags::Signaled)
+                .construct_wr(wr_id, WorkRequestFlags::Signaled)
                 .setup_write_imm(rkey, raddr, imm.to_be()),
         };
         // SAFETY: the caller's contract.
         unsafe { wr.setup_sge(lkey, addr, len as u32) };
         guard.post().map_err(verbs)?;
+        self.sends_posted += 1;
         self.in_flight += 1;
         Ok(())
     }
@@ -938,13 +1043,13 @@ impl RcConnection {
         timeout: Duration,
     ) -> Result<(), RdmaError> {
         self.post_region_write(local, offset, len, remote, remote_offset, imm, timeout)?;
-        self.finish_writes(timeout)
+        self.finish_posted(timeout)
     }
 
     /// Like [`write_region_imm`](Self::write_region_imm), but returns once the write is
     /// posted: writes are pipelined, up to the send queue's depth (waiting, within `timeout`,
     /// for a slot when it is full). The bytes at `local[offset..offset + len]` are read by the
-    /// NIC until [`finish_writes`](Self::finish_writes) returns; changing them before that
+    /// NIC until [`finish_posted`](Self::finish_posted) returns; changing them before that
     /// sends whatever they hold by then.
     #[allow(clippy::too_many_arguments)]
     pub fn post_region_write(
@@ -960,14 +1065,7 @@ impl RcConnection {
         if imm & REGION_WRITE != 0 {
             return Err(RdmaError::ImmReserved(imm));
         }
-        if offset.checked_add(len).is_none_or(|end| end > local.len) {
-            return Err(RdmaError::OutOfRegion {
-                which: "local",
-                offset: offset as u64,
-                len,
-                capacity: local.len,
-            });
-        }
+        local.holds(offset, len)?;
         if remote_offset
             .checked_add(len as u64)
             .is_none_or(|end| end > remote.len as u64)
@@ -979,17 +1077,11 @@ impl RcConnection {
                 capacity: remote.len as usize,
             });
         }
-        let depth = SEND_DEPTH.min(self.opts.recv_depth).max(1);
-        self.wait(
-            &mut Deadline::After(timeout),
-            timeout,
-            "waiting for a send queue slot",
-            |c| c.in_flight < depth,
-        )?;
+        self.wait_for_send_slot(timeout)?;
         let write = (remote.rkey, remote.addr + remote_offset, imm | REGION_WRITE);
         // SAFETY: the range lies inside `local`, registered under its lkey, which the caller
         // keeps alive (it lends `&Region`, and a Region is dropped only by its owner); the
-        // contents are the caller's to keep until finish_writes. The remote range lies inside
+        // contents are the caller's to keep until finish_posted. The remote range lies inside
         // what the peer advertised.
         unsafe {
             self.post(
@@ -1001,17 +1093,69 @@ impl RcConnection {
         }
     }
 
-    /// Wait until every posted write (and send) has completed, within `timeout`.
-    pub fn finish_writes(&mut self, timeout: Duration) -> Result<(), RdmaError> {
+    /// Wait until every posted write and send has completed, within `timeout`.
+    pub fn finish_posted(&mut self, timeout: Duration) -> Result<(), RdmaError> {
         self.wait(
             &mut Deadline::After(timeout),
             timeout,
-            "waiting for write completions",
+            "waiting for send and write completions",
             |c| c.in_flight == 0,
         )
     }
 
-    /// The next message or write from the peer, within `timeout`.
+    /// Pipelined requests may have at most this many in flight: the send queue's depth, or the
+    /// receive ring's, whichever is smaller (each SEND, and each write with immediate, consumes
+    /// one of the peer's posted receives; both sides use the same options).
+    fn wait_for_send_slot(&mut self, timeout: Duration) -> Result<(), RdmaError> {
+        let depth = SEND_DEPTH.min(self.opts.recv_depth).max(1);
+        self.wait(
+            &mut Deadline::After(timeout),
+            timeout,
+            "waiting for a send queue slot",
+            |c| c.in_flight < depth,
+        )
+    }
+
+    /// SEND `len` bytes of `local` at `offset`, straight from the caller's registered memory
+    /// (no copy); returns once the send completed, within `timeout`.
+    pub fn send_region(
+        &mut self,
+        local: &Region,
+        offset: usize,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<(), RdmaError> {
+        self.post_send_region(local, offset, len, timeout)?;
+        self.finish_posted(timeout)
+    }
+
+    /// Like [`send_region`](Self::send_region), but returns once the SEND is posted: sends are
+    /// pipelined up to the queue's depth, and complete in the order they were posted (a wait
+    /// that sees otherwise returns [`RdmaError::OutOfOrder`]). The NIC reads
+    /// `local[offset..offset + len]` until [`finish_posted`](Self::finish_posted) returns.
+    pub fn post_send_region(
+        &mut self,
+        local: &Region,
+        offset: usize,
+        len: usize,
+        timeout: Duration,
+    ) -> Result<(), RdmaError> {
+        local.holds(offset, len)?;
+        // The peer's ring slots are as large as ours (both sides use the same options).
+        if len > self.opts.max_message {
+            return Err(RdmaError::TooLong {
+                len,
+                max: self.opts.max_message,
+            });
+        }
+        self.wait_for_send_slot(timeout)?;
+        // SAFETY: the range lies inside `local`, registered under its lkey; the caller lends
+        // `&Region` and keeps it (and the memory under it) until the completion is reaped.
+        unsafe { self.post(local.mr.lkey(), local.addr + offset as u64, len, None) }
+    }
+
+    /// The next message or write from the peer, within `timeout`. A message is copied out of
+    /// its ring slot, which is posted again at once.
     pub fn recv(&mut self, timeout: Duration) -> Result<Received, RdmaError> {
         self.recv_until(&mut Deadline::After(timeout), timeout)
     }
@@ -1021,10 +1165,57 @@ impl RcConnection {
         deadline: &mut Deadline,
         after: Duration,
     ) -> Result<Received, RdmaError> {
+        match self.next_arrival(deadline, after)? {
+            Arrival::Landed { slot, len } => {
+                let start = slot * self.opts.max_message;
+                let message = self.b().recv[start..start + len].to_vec();
+                self.post_recv(slot)?;
+                Ok(Received::Message(message))
+            }
+            Arrival::Done(received) => Ok(received),
+        }
+    }
+
+    /// The next message or write from the peer, within `timeout`, with a message left where it
+    /// landed: its ring slot is lent to the caller, and posted again only when the loan ends.
+    /// The loan borrows the connection, so nothing can receive into the slot (or use the
+    /// connection at all) while the caller reads it:
+    ///
+    /// ```compile_fail,E0499
+    /// # fn lent_twice(c: &mut wringer_transport::rdma::rc::RcConnection) {
+    /// # let t = std::time::Duration::from_secs(1);
+    /// let first = c.recv_in_place(t).unwrap();
+    /// let second = c.recv(t); // error: `*c` is still borrowed by `first`
+    /// drop(first);
+    /// # }
+    /// ```
+    pub fn recv_in_place(&mut self, timeout: Duration) -> Result<InPlace<'_>, RdmaError> {
+        match self.next_arrival(&mut Deadline::After(timeout), timeout)? {
+            Arrival::Landed { slot, len } => Ok(InPlace::Message(LentSlot {
+                conn: self,
+                slot,
+                len,
+                returned: false,
+            })),
+            Arrival::Done(received) => Ok(InPlace::Other(received)),
+        }
+    }
+
+    fn next_arrival(
+        &mut self,
+        deadline: &mut Deadline,
+        after: Duration,
+    ) -> Result<Arrival, RdmaError> {
         self.wait(deadline, after, "waiting for a receive", |c| {
             !c.ready.is_empty()
         })?;
         Ok(self.ready.pop_front().expect("checked non-empty"))
+    }
+
+    /// Receive requests posted and not yet completed: the ring's depth, less the slots whose
+    /// messages wait to be received or are lent out.
+    pub fn posted_receives(&self) -> usize {
+        self.posted_recvs
     }
 
     /// Poll the CQ until `done` holds or the deadline passes. Error completions are counted and
@@ -1040,6 +1231,9 @@ impl RcConnection {
         let mut empty_polls = 0u32;
         // How long the wait had found nothing at its last look at the clock.
         let mut idle_for = Duration::ZERO;
+        if let Some(e) = self.repost_failed.take() {
+            return Err(e);
+        }
         loop {
             if done(self) {
                 return Ok(());
@@ -1083,28 +1277,38 @@ impl RcConnection {
             for (wr_id, status, len, opcode, imm) in got {
                 let status = WcStatus::from_raw(status);
                 *self.counts.0.entry(status).or_default() += 1;
+                let expected = self.sends_completed;
                 self.retire(wr_id);
                 if !status.is_success() {
                     return Err(RdmaError::Completion { status, wr_id });
                 }
                 match wr_id {
-                    SEND_WR | WRITE_WR => {}
+                    sent if sent & SEND_QUEUE != 0 => {
+                        if sent & !SEND_QUEUE != expected {
+                            return Err(RdmaError::OutOfOrder {
+                                expected,
+                                got: sent & !SEND_QUEUE,
+                            });
+                        }
+                    }
                     slot => {
                         let slot = slot as usize;
                         // RECV_RDMA_WITH_IMM: the data landed in our write target.
-                        let item = if opcode == sideway::ibverbs::completion::WorkCompletionOperationType::ReceiveWithImmediate as u32 {
+                        // RECV_RDMA_WITH_IMM: the data landed in our write target, and the
+                        // slot holds nothing, so it is posted again at once. A SEND's bytes stay
+                        // in the slot until they are received (copied out, or lent).
+                        if opcode == sideway::ibverbs::completion::WorkCompletionOperationType::ReceiveWithImmediate as u32 {
                             let imm = u32::from_be(imm);
-                            if imm & REGION_WRITE != 0 {
+                            let item = if imm & REGION_WRITE != 0 {
                                 Received::WrittenToRegion { imm: imm & !REGION_WRITE, len }
                             } else {
                                 Received::Written { imm, data: self.b().write[..len].to_vec() }
-                            }
+                            };
+                            self.ready.push_back(Arrival::Done(item));
+                            self.post_recv(slot)?;
                         } else {
-                            let start = slot * self.opts.max_message;
-                            Received::Message(self.b().recv[start..start + len].to_vec())
-                        };
-                        self.ready.push_back(item);
-                        self.post_recv(slot)?;
+                            self.ready.push_back(Arrival::Landed { slot, len });
+                        }
                     }
                 }
             }
@@ -1113,9 +1317,11 @@ impl RcConnection {
 
     /// A completion (of any status) retires its work request.
     fn retire(&mut self, wr_id: u64) {
-        match wr_id {
-            SEND_WR | WRITE_WR => self.in_flight = self.in_flight.saturating_sub(1),
-            _ => self.posted_recvs = self.posted_recvs.saturating_sub(1),
+        if wr_id & SEND_QUEUE != 0 {
+            self.in_flight = self.in_flight.saturating_sub(1);
+            self.sends_completed += 1;
+        } else {
+            self.posted_recvs = self.posted_recvs.saturating_sub(1);
         }
     }
 

@@ -1,14 +1,15 @@
 //! pingpong: ping-pong with every byte checked and latency per size, over either fabric. Over
 //! TCP every pair of ranks meets (a full mesh, round-robin); over RDMA ranks 0 and 1 meet on
-//! an RC queue pair, by SEND, then by WRITE with immediate and by WRITE into registered
-//! regions (RDMA's own ways to move a message).
+//! an RC queue pair, by SEND, then by WRITE with immediate, by WRITE into registered regions
+//! (RDMA's own ways to move a message), and by SEND with no copy on either side: sent from a
+//! registered region, received and echoed in the ring slot it landed in.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use wringer_transport::rdma::rc::{RcConnection, Received, RemoteRegion};
+use wringer_transport::rdma::rc::{InPlace, RcConnection, Received, RemoteRegion};
 use wringer_transport::Connection;
 
 use super::fabric::{Fabric, Link};
@@ -42,7 +43,7 @@ pub struct Pingpong {
 const MESH_READY: &str = "mesh-ready";
 
 impl super::Describe for Pingpong {
-    const ABOUT: &'static str = "ping-pong, every byte checked, latency per size: a TCP full mesh, or RDMA SEND, WRITE with immediate and registered-region WRITE";
+    const ABOUT: &'static str = "ping-pong, every byte checked, latency per size: a TCP full mesh, or RDMA SEND, WRITE with immediate, registered-region WRITE and zero-copy SEND (in place)";
 }
 
 impl StepSpec for Pingpong {
@@ -76,6 +77,7 @@ impl StepSpec for Pingpong {
                 Series::Latency,
                 Series::WriteLatency,
                 Series::RegionWriteLatency,
+                Series::InPlaceLatency,
             ],
         }
     }
@@ -195,6 +197,9 @@ fn rdma_pair(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepRepo
     let (m, bad) = region_pingpong(ctx, &mut c, &p.sizes, p.iterations, deadline, report)?;
     messages += m;
     mismatches += bad;
+    let (m, bad) = in_place_pingpong(ctx, &mut c, &p.sizes, p.iterations, deadline, report)?;
+    messages += m;
+    mismatches += bad;
     report.metrics.insert(RDMA_MESSAGES, messages as f64);
     report
         .metrics
@@ -289,6 +294,91 @@ fn region_pingpong(
         if !samples.is_empty() {
             report.sample(Series::RegionWriteLatency, size as u64, samples);
         }
+    }
+    drop(region);
+    Ok((messages, mismatches))
+}
+
+/// SENDs pipelined back to back by [`in_place_pingpong`] at each size, to see them land in order.
+const PIPELINED: u32 = 8;
+
+/// Ping-pong by SEND with no copy on either side: the pinger sends from a region it registered,
+/// the other side receives in place and echoes from the ring slot the message landed in. Then
+/// the pinger posts [`PIPELINED`] SENDs without waiting, each numbered in its first bytes: they
+/// must complete in order (the transport checks every completion) and land in order, and once
+/// every lent slot is given back the receive ring must be whole again.
+fn in_place_pingpong(
+    ctx: &RankContext,
+    c: &mut RcConnection,
+    sizes: &[u32],
+    iterations: u32,
+    deadline: Duration,
+    report: &mut StepReport,
+) -> Result<(u32, u32)> {
+    let max = sizes.iter().copied().max().unwrap_or(64).max(8) as usize;
+    let mut memory = vec![0u8; max * PIPELINED as usize].into_boxed_slice();
+    // SAFETY: `memory` is a boxed slice that neither moves nor is freed before `region`, which
+    // is dropped at the end of this function, before `memory`; it is written only between
+    // sends, once finish_posted (inside send_region) has returned.
+    let region = unsafe { c.register_host(memory.as_mut_ptr(), memory.len()) }?;
+    let ring = c.posted_receives();
+    let (mut messages, mut mismatches) = (0, 0);
+    for &size in sizes {
+        let size = size as usize;
+        let mut samples = vec![];
+        for it in 0..iterations {
+            let expected = pattern(ctx.seed, (size as u64) << 20 | it as u64 | 4 << 60, size);
+            if ctx.rank == 1 {
+                memory[..size].copy_from_slice(&expected);
+                let started = Instant::now();
+                c.send_region(&region, 0, size, deadline)?;
+                let back = c.recv_in_place(deadline)?;
+                samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                mismatches += !matches!(&back, InPlace::Message(m) if **m == expected[..]) as u32;
+            } else {
+                match c.recv_in_place(deadline)? {
+                    InPlace::Message(m) => {
+                        mismatches += (*m != expected[..]) as u32;
+                        m.echo(deadline)?;
+                    }
+                    InPlace::Other(other) => bail!("expected a SEND, got {other:?}"),
+                }
+            }
+            messages += 1;
+        }
+        if !samples.is_empty() {
+            report.sample(Series::InPlaceLatency, size as u64, samples);
+        }
+        // Pipelined: PIPELINED sends in flight at once, each from its own part of the region.
+        let size = size.max(8);
+        let numbered = |n: u32| {
+            let mut m = pattern(ctx.seed, (size as u64) << 20 | n as u64 | 5 << 60, size);
+            m[..8].copy_from_slice(&u64::from(n).to_be_bytes());
+            m
+        };
+        if ctx.rank == 1 {
+            for n in 0..PIPELINED {
+                let at = n as usize * size;
+                memory[at..at + size].copy_from_slice(&numbered(n));
+            }
+            for n in 0..PIPELINED {
+                c.post_send_region(&region, n as usize * size, size, deadline)?;
+            }
+            c.finish_posted(deadline)?;
+        } else {
+            for n in 0..PIPELINED {
+                match c.recv_in_place(deadline)? {
+                    InPlace::Message(m) => {
+                        mismatches += (*m != numbered(n)[..]) as u32;
+                        m.give_back()?;
+                    }
+                    InPlace::Other(other) => bail!("expected SEND {n}, got {other:?}"),
+                }
+            }
+            // Every lent slot went back into the ring.
+            mismatches += (c.posted_receives() != ring) as u32;
+        }
+        messages += PIPELINED;
     }
     drop(region);
     Ok((messages, mismatches))
