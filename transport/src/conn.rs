@@ -607,15 +607,26 @@ struct Counted<'a, R> {
     read_any: bool,
 }
 
-impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
+impl<R: std::io::Read> Counted<'_, R> {
+    fn counted(&mut self, n: usize) -> usize {
         if n > 0 {
             self.read_any = true;
             self.reads.fetch_add(1, Ordering::Relaxed);
             self.counters.bytes.fetch_add(n as u64, Ordering::Relaxed);
         }
-        Ok(n)
+        n
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        Ok(self.counted(n))
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
+        let n = self.inner.read_vectored(bufs)?;
+        Ok(self.counted(n))
     }
 }
 

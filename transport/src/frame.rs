@@ -278,6 +278,57 @@ impl Decoder {
         }
     }
 
+    /// At a frame boundary, with a payload buffer handed back ([`Decoder::give_buffer`]): the
+    /// two slots of one vectored read that takes the next header and, past it, up to `limit`
+    /// bytes into that buffer, where the payload will live. A payload that comes with its
+    /// header is then never copied. `None` elsewhere, or without such a buffer. Nothing is
+    /// allocated: the bytes go into memory that already exists, whatever the header will say.
+    pub fn header_and_spare(&mut self, limit: usize) -> Option<(&mut [u8], &mut [u8])> {
+        let State::Header { buf, filled: 0 } = &mut self.state else {
+            return None;
+        };
+        let spare = self.spare.as_mut().filter(|s| !s.is_empty() && limit > 0)?;
+        let n = spare.len().min(limit);
+        Some((&mut buf[..], &mut spare[..n]))
+    }
+
+    /// Record a read of `n` bytes into the slots of [`Decoder::header_and_spare`]. Bytes read
+    /// past the frame's payload belong to the next frame: they are moved to the front of
+    /// `rest` (which must hold `limit` bytes), and their count is returned with the frame, if
+    /// one completed.
+    pub fn commit_header_and_spare(
+        &mut self,
+        n: usize,
+        rest: &mut [u8],
+    ) -> Result<(Option<Frame>, usize), FrameError> {
+        let State::Header { buf, filled: 0 } = &self.state else {
+            panic!("commit_header_and_spare without header_and_spare");
+        };
+        if n < HEADER_LEN {
+            return Ok((self.commit(n)?, 0));
+        }
+        // An invalid header fails in `commit`, as it would have from any read.
+        let len = Header::decode(buf, self.max_payload).map_or(0, |h| h.len as usize);
+        let read = n - HEADER_LEN;
+        let in_payload = read.min(len);
+        let past = read - in_payload;
+        if past > 0 {
+            let spare = self
+                .spare
+                .as_ref()
+                .expect("the read went into the spare buffer");
+            rest[..past].copy_from_slice(&spare[in_payload..read]);
+        }
+        // The spare buffer becomes the payload's (its first `in_payload` bytes are in place).
+        if let Some(frame) = self.commit(HEADER_LEN)? {
+            return Ok((Some(frame), past));
+        }
+        if in_payload == 0 {
+            return Ok((None, past));
+        }
+        Ok((self.commit(in_payload)?, past))
+    }
+
     /// Record that the first `n` bytes of the last [`Decoder::read_slot`] were filled.
     pub fn commit(&mut self, n: usize) -> Result<Option<Frame>, FrameError> {
         match &mut self.state {

@@ -2,7 +2,7 @@
 //!
 //! [`frame`]: crate::frame
 
-use std::io::{self, IoSlice, Read};
+use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -84,7 +84,31 @@ impl FrameReader {
                     return Ok(ReadOutcome::Frame(frame));
                 }
             }
-            // The buffer is drained. Large payloads are read straight into the frame.
+            // The buffer is drained. At a frame boundary with a payload buffer to reuse, one read
+            // takes the header and the start of the payload straight into that buffer.
+            if !self.exact {
+                let limit = self.buf.len();
+                if let Some((head, spare)) = self.decoder.header_and_spare(limit) {
+                    let mut slots = [IoSliceMut::new(head), IoSliceMut::new(spare)];
+                    match reader.read_vectored(&mut slots) {
+                        Ok(0) => {
+                            return Ok(self.decoder.end_of_stream(stopped.load(Ordering::Acquire)))
+                        }
+                        Ok(n) => {
+                            let (frame, rest) =
+                                self.decoder.commit_header_and_spare(n, &mut self.buf)?;
+                            (self.start, self.end) = (0, rest);
+                            if let Some(frame) = frame {
+                                return Ok(ReadOutcome::Frame(frame));
+                            }
+                            continue;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            // Large payloads are read straight into the frame.
             let direct = self.exact || self.decoder.wanted() >= self.buf.len();
             #[cfg(feature = "bug-injection")]
             let mut slot_len = 0;
@@ -137,6 +161,10 @@ pub(crate) struct ReadUntil<'a> {
 
 impl Read for ReadUntil<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_vectored(&mut [IoSliceMut::new(buf)])
+    }
+
+    fn read_vectored(&mut self, buf: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         if let Some(until) = self.spin_until {
             // Busy polling: the clock is read once per batch of tries, not on every one.
             while Instant::now() < until {
@@ -177,9 +205,24 @@ impl Read for ReadUntil<'_> {
 /// Non-blocking receives tried between two looks at the clock while busy polling.
 const SPIN_BATCH: usize = 32;
 
-/// Take what the socket holds without waiting (`WouldBlock` when it holds nothing).
-fn recv_now(socket: &Socket, buf: &mut [u8]) -> io::Result<usize> {
-    recv_with(socket, buf, libc::MSG_DONTWAIT)
+/// Take what the socket holds without waiting (`WouldBlock` when it holds nothing): one
+/// `recv(2)` into one buffer, one `recvmsg(2)` into several.
+fn recv_now(socket: &Socket, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    if let [one] = bufs {
+        return recv_with(socket, one, libc::MSG_DONTWAIT);
+    }
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSliceMut is ABI-compatible with `struct iovec` on Unix (std guarantees it), and each
+    // slice is valid for writes of its length while `bufs` is borrowed, for the whole call.
+    msg.msg_iov = bufs.as_mut_ptr().cast();
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: `msg` points at `bufs` only (see above); the fd is kept open by the `&Socket`.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// Block until the socket has bytes to read, or its end or an error is there to be read,

@@ -13,7 +13,7 @@ use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
     GenericQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairAttributeMask,
-    QueuePairState, SetScatterGatherEntry, WorkRequestFlags,
+    QueuePairState, SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
 };
 use sideway::ibverbs::AccessFlags;
 use sideway::rdmacm::communication_manager::{
@@ -283,23 +283,24 @@ impl LentSlot<'_> {
         self.conn.post_recv(self.slot)
     }
 
-    /// SEND the message back to the peer from the slot itself (no copy), wait for the send to
-    /// complete within `timeout`, then end the loan.
+    /// SEND the message back to the peer from the slot itself (no copy), and end the loan.
+    /// Returns once the SEND is posted (waiting, within `timeout`, for room in the send queue);
+    /// the slot goes back into the ring only when that send has completed, which a later wait
+    /// (any receive, or [`finish_posted`](RcConnection::finish_posted)) reaps.
     pub fn echo(mut self, timeout: Duration) -> Result<(), RdmaError> {
+        // From here on the slot is the echo's: never posted by the loan's end.
+        self.returned = true;
         let conn = &mut *self.conn;
         let lkey = conn.v().recv_mr.lkey();
         let addr = conn.b().recv.as_ptr() as u64 + (self.slot * conn.opts.max_message) as u64;
         conn.wait_for_send_slot(timeout)?;
-        // SAFETY: the slot lies inside the receive buffer, registered as `recv_mr`. It is lent,
-        // so no receive is posted into it, and it stays out of the ring until the send's
-        // completion is reaped below (or, when that fails, for good: see below).
-        unsafe { conn.post(lkey, addr, self.len, None)? };
-        if let Err(e) = conn.finish_posted(timeout) {
-            // The NIC may still read the slot: it must not take a receive again.
-            self.returned = true;
-            return Err(e);
-        }
-        self.give_back()
+        let sequence = conn.sends_posted;
+        // SAFETY: the slot lies inside the receive buffer, registered as `recv_mr`. No receive
+        // is posted into it until this send's completion is reaped (`echoing`), and the buffer
+        // outlives the QP.
+        unsafe { conn.post(lkey, addr, self.len, None, true)? };
+        conn.echoing.push_back((sequence, self.slot));
+        Ok(())
     }
 }
 
@@ -332,6 +333,8 @@ pub struct Region {
     /// The address work requests use for the first byte (the iova, for dmabuf).
     addr: u64,
     len: usize,
+    /// Host memory, which the CPU may read (small sends from it go inline); not GPU memory.
+    host: bool,
 }
 
 impl Region {
@@ -400,6 +403,10 @@ const SEND_QUEUE: u64 = 1 << 63;
 /// (or to the receive ring's depth, whichever is smaller: each write with immediate consumes
 /// one of the peer's posted receives, and both sides use the same options).
 const SEND_DEPTH: usize = 16;
+
+/// Sends of up to this many bytes of host memory go inline (perftest's default for its latency
+/// tests on RC).
+const INLINE_UP_TO: usize = 236;
 
 /// How an idle completion poll waits: it spins this long, then yields the core until
 /// [`YIELD_UNTIL`], then sleeps an eighth of the time it has been idle (at most
@@ -670,6 +677,11 @@ pub struct RcConnection {
     /// Sequence numbers of send work requests: the next to post, the next to complete.
     sends_posted: u64,
     sends_completed: u64,
+    /// The largest send that goes inline (0 where the provider has no inline data).
+    inline_up_to: usize,
+    /// Receive slots being sent back from where they are ([`LentSlot::echo`]), by the sequence
+    /// number of their SEND: each goes back into the ring when that send completes.
+    echoing: VecDeque<(u64, usize)>,
     /// A receive slot that could not be posted again when its lender gave it back (in `Drop`,
     /// which cannot return it): the next wait returns it.
     repost_failed: Option<RdmaError>,
@@ -730,15 +742,23 @@ impl RcConnection {
             .build()
             .map_err(verbs)?
             .into();
-        let mut builder = pd.create_qp_builder();
-        builder
-            .setup_max_send_wr(SEND_DEPTH as u32)
-            .setup_max_recv_wr(opts.recv_depth as u32)
-            .setup_max_send_sge(1)
-            .setup_max_recv_sge(1)
-            .setup_send_cq(cq.clone())
-            .setup_recv_cq(cq.clone());
-        let mut qp: GenericQueuePair = builder.build_ex().map_err(verbs)?.into();
+        let build = |inline: usize| {
+            let mut builder = pd.create_qp_builder();
+            builder
+                .setup_max_send_wr(SEND_DEPTH as u32)
+                .setup_max_recv_wr(opts.recv_depth as u32)
+                .setup_max_send_sge(1)
+                .setup_max_recv_sge(1)
+                .setup_max_inline_data(inline as u32)
+                .setup_send_cq(cq.clone())
+                .setup_recv_cq(cq.clone());
+            builder.build_ex().map(GenericQueuePair::from)
+        };
+        // A provider that cannot put data inline gets a QP without it.
+        let (mut qp, inline_up_to) = match build(INLINE_UP_TO) {
+            Ok(qp) => (qp, INLINE_UP_TO),
+            Err(_) => (build(0).map_err(verbs)?, 0),
+        };
         let mut attr = id.get_qp_attr(QueuePairState::Init).map_err(cm)?;
         // rdma_cm leaves remote write off on the active side; both sides accept writes here.
         attr.setup_access_flags(AccessFlags::LocalWrite | AccessFlags::RemoteWrite);
@@ -781,6 +801,8 @@ impl RcConnection {
             sends_posted: 0,
             sends_completed: 0,
             repost_failed: None,
+            echoing: VecDeque::new(),
+            inline_up_to,
             posted_recvs: 0,
             peer_gone: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             ack: None,
@@ -950,35 +972,50 @@ impl RcConnection {
         // SAFETY: the send buffer is registered as `send_mr` and is not touched again until
         // this request's completion has been reaped; a write's remote range was advertised by
         // the peer for exactly this.
-        unsafe { self.post(lkey, local, data.len(), write) }
+        unsafe { self.post(lkey, local, data.len(), write, true) }
     }
 
     /// Post one signaled SEND, or WRITE with immediate when `write` = (rkey, remote address,
-    /// imm), of `len` bytes at `addr` under `lkey`.
+    /// imm), of `len` bytes at `addr` under `lkey`. Up to [`INLINE_UP_TO`] bytes of host memory
+    /// go inline: copied into the work request as it is posted, as perftest's latency tests
+    /// do, so that the provider need not fetch them from the region.
     ///
     /// # Safety
     /// `addr..addr + len` must be registered under `lkey` and stay valid and untouched until
-    /// the completion is reaped (`in_flight` counts it down); the remote range must be one the
-    /// peer advertised for writes.
+    /// the completion is reaped (`in_flight` counts it down); with `host`, it must be host
+    /// memory the CPU may read. The remote range must be one the peer advertised for writes.
     unsafe fn post(
         &mut self,
         lkey: u32,
         addr: u64,
         len: usize,
         write: Option<(u32, u64, u32)>,
+        host: bool,
     ) -> Result<(), RdmaError> {
+        let inline = host && len <= self.inline_up_to;
         let wr_id = SEND_QUEUE | self.sends_posted;
         let mut guard = self.v().qp.start_post_send();
-        let wr = match write {
-            None => guard
-                .construct_wr(wr_id, WorkRequestFlags::Signaled)
-                .setup_send(),
-            Some((rkey, raddr, imm)) => guard
-                .construct_wr(wr_id, WorkRequestFlags::Signaled)
-                .setup_write_imm(rkey, raddr, imm.to_be()),
+        // The inline flag as well as the inline data: rxe reads the data as inline only then.
+        let flags = if inline {
+            WorkRequestFlags::Signaled | WorkRequestFlags::Inline
+        } else {
+            WorkRequestFlags::Signaled
         };
-        // SAFETY: the caller's contract.
-        unsafe { wr.setup_sge(lkey, addr, len as u32) };
+        let wr = match write {
+            None => guard.construct_wr(wr_id, flags).setup_send(),
+            Some((rkey, raddr, imm)) => {
+                guard
+                    .construct_wr(wr_id, flags)
+                    .setup_write_imm(rkey, raddr, imm.to_be())
+            }
+        };
+        if inline {
+            // SAFETY: the caller's contract: `len` bytes of host memory at `addr`, valid now.
+            wr.setup_inline_data(unsafe { std::slice::from_raw_parts(addr as *const u8, len) });
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { wr.setup_sge(lkey, addr, len as u32) };
+        }
         guard.post().map_err(verbs)?;
         self.sends_posted += 1;
         self.in_flight += 1;
@@ -1000,6 +1037,7 @@ impl RcConnection {
             mr,
             addr: ptr as u64,
             len,
+            host: true,
         })
     }
 
@@ -1024,6 +1062,7 @@ impl RcConnection {
             mr,
             addr: iova,
             len,
+            host: false,
         })
     }
 
@@ -1089,6 +1128,7 @@ impl RcConnection {
                 local.addr + offset as u64,
                 len,
                 Some(write),
+                local.host,
             )
         }
     }
@@ -1151,7 +1191,15 @@ impl RcConnection {
         self.wait_for_send_slot(timeout)?;
         // SAFETY: the range lies inside `local`, registered under its lkey; the caller lends
         // `&Region` and keeps it (and the memory under it) until the completion is reaped.
-        unsafe { self.post(local.mr.lkey(), local.addr + offset as u64, len, None) }
+        unsafe {
+            self.post(
+                local.mr.lkey(),
+                local.addr + offset as u64,
+                len,
+                None,
+                local.host,
+            )
+        }
     }
 
     /// The next message or write from the peer, within `timeout`. A message is copied out of
@@ -1289,6 +1337,10 @@ impl RcConnection {
                                 expected,
                                 got: sent & !SEND_QUEUE,
                             });
+                        }
+                        if self.echoing.front().is_some_and(|&(s, _)| s == expected) {
+                            let (_, slot) = self.echoing.pop_front().expect("checked");
+                            self.post_recv(slot)?;
                         }
                     }
                     slot => {

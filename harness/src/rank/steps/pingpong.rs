@@ -375,7 +375,8 @@ fn in_place_pingpong(
                     InPlace::Other(other) => bail!("expected SEND {n}, got {other:?}"),
                 }
             }
-            // Every lent slot went back into the ring.
+            // Every lent slot went back into the ring, echoed ones once their sends completed.
+            c.finish_posted(deadline)?;
             mismatches += (c.posted_receives() != ring) as u32;
         }
         messages += PIPELINED;
@@ -446,7 +447,16 @@ mod tests {
             "pingpong: { fabric: rdma, sizes: [64, 4096, 65536], iterations: 20, deadline: 90s }",
             2,
         );
-        assert_eq!(rdma.series().len(), 3, "SEND, WRITE with immediate, region WRITE");
+        assert_eq!(
+            rdma.series(),
+            &[
+                Series::Latency,
+                Series::WriteLatency,
+                Series::RegionWriteLatency,
+                Series::InPlaceLatency
+            ],
+            "SEND copying, WRITE with immediate, region WRITE, SEND in place"
+        );
         assert!(rdma.metrics().iter().any(|m| m.as_str() == "rdma_messages"));
         assert!(refused("pingpong: { sizes: [64], iterations: 0, deadline: 90s }", 2).contains("iterations"));
         assert!(refused("pingpong: { fabric: ib, sizes: [64], iterations: 1, deadline: 9s }", 2).contains("fabric"));
