@@ -1,14 +1,16 @@
-//! GPU buffers. On a machine without an NVIDIA driver (this project's CI) the API must answer
-//! with a typed "no GPU", and the kernels must still assemble for every GPU generation wringer
-//! targets. On a machine with a GPU the same tests move real device memory.
+//! GPU buffers. On a machine without a GPU (this project's CI) the API must answer with a typed
+//! "no GPU", the HIP runtime must load and say it has no device, and the kernels must still
+//! assemble (PTX) and compile (HIP) for every GPU generation wringer targets. On a machine with
+//! a GPU of either vendor the same tests move real device memory.
 #![cfg(feature = "gpu")]
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use wringer_transport::gpu::hip::rtc;
 use wringer_transport::gpu::tcp::TcpStaging;
-use wringer_transport::gpu::{inventory, pattern, Gpu, GpuError};
+use wringer_transport::gpu::{inventory, inventory_of, pattern, Gpu, GpuError, Vendor};
 use wringer_transport::{connect, ConnectOptions, Hello, Listener, ListenerOptions};
 
 /// `Some(gpu)` on a machine with one; `None` after checking that the absence is typed.
@@ -28,11 +30,107 @@ fn without_libcuda_open_and_inventory_are_typed_no_driver_errors() {
         eprintln!("skipped: libcuda is present here; the GPU round-trip tests cover this host");
         return;
     }
-    let err = inventory().expect_err("no libcuda, so no inventory");
+    let err = inventory_of(Vendor::Nvidia).expect_err("no libcuda, so no inventory");
     assert!(matches!(err, GpuError::NoDriver { .. }), "{err:?}");
     assert!(err.to_string().contains("libcuda.so"), "{err}");
-    let err = Gpu::open(0).err().expect("no libcuda, so no GPU");
-    assert!(err.is_absent(), "{err:?}");
+    match inventory() {
+        // An AMD host answers through HIP instead.
+        Ok(inv) => assert_eq!(inv.vendor, Vendor::Amd, "{inv:?}"),
+        Err(err) => {
+            assert!(err.is_absent(), "{err:?}");
+            assert!(err.to_string().contains("libcuda.so"), "{err}");
+            let err = Gpu::open(0).err().expect("no GPU, so nothing opens");
+            assert!(err.is_absent(), "{err:?}");
+        }
+    }
+}
+
+/// `just test` installs Debian's HIP (libamdhip64, hiprtc, comgr) and sets WRINGER_REQUIRE_HIP,
+/// so CI never skips the HIP tests.
+fn skip_without_hip(why: &str) {
+    assert!(
+        std::env::var_os("WRINGER_REQUIRE_HIP").is_none(),
+        "WRINGER_REQUIRE_HIP is set but HIP is missing: {why}"
+    );
+    eprintln!("skipped: no-hip-runtime: {why}");
+}
+
+#[test]
+fn the_hip_runtime_loads_and_a_host_without_an_amd_gpu_is_a_typed_no_device() {
+    match inventory_of(Vendor::Amd) {
+        Ok(inv) => {
+            // An AMD host: the runtime names itself and every device has an architecture.
+            assert!(inv.runtime.starts_with("HIP "), "{inv:?}");
+            assert!(!inv.devices.is_empty(), "{inv:?}");
+            assert!(
+                inv.devices.iter().all(|d| d.arch.starts_with("gfx")),
+                "{inv:?}"
+            );
+        }
+        Err(GpuError::NoDevice(why)) => {
+            // The table loaded and answered: it names the runtime's version and library.
+            assert!(why.contains("HIP ") && why.contains("libamdhip64"), "{why}");
+            assert!(GpuError::NoDevice(why).is_absent());
+        }
+        Err(GpuError::NoHipRuntime(why)) => skip_without_hip(&why),
+        Err(e) => panic!("a host without an AMD GPU must be a typed absence, got {e:?}"),
+    }
+}
+
+/// Every architecture from gfx90a (MI200) on that the host's ROCm knows is compiled; the data
+/// centre ones it may not know yet (MI300 is gfx942) must be refused with a typed error, never
+/// handed to a compiler that would crash on them.
+#[test]
+fn hip_kernels_compile_for_gfx90a_and_every_newer_architecture_this_rocm_knows() {
+    let known = match rtc::known_architectures() {
+        Ok(known) => known,
+        Err(why) => return skip_without_hip(&why),
+    };
+    let from = known
+        .iter()
+        .position(|a| a == "gfx90a")
+        .unwrap_or_else(|| panic!("this ROCm does not know gfx90a: {known:?}"));
+    let cache = std::env::temp_dir().join(format!("wringer-hip-{}", std::process::id()));
+    for arch in &known[from..] {
+        let code = rtc::code_object(arch, Some(&cache)).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        assert!(code.starts_with(b"\x7fELF"), "{arch}: not a code object");
+        for entry in [&b"wringer_fill"[..], b"wringer_check"] {
+            assert!(
+                code.windows(entry.len()).any(|w| w == entry),
+                "{arch}: {} missing",
+                String::from_utf8_lossy(entry)
+            );
+        }
+        // Cached per architecture: the next rank reads the same bytes without compiling.
+        let cached = std::fs::read(rtc::cache_file(&cache, arch)).expect("cached");
+        assert_eq!(cached, code, "{arch}");
+        assert_eq!(rtc::code_object(arch, Some(&cache)).unwrap(), code);
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    let unknown: Vec<&str> = ["gfx940", "gfx941", "gfx942", "gfx950", "gfx1100", "gfx1200"]
+        .into_iter()
+        .filter(|a| !known.iter().any(|k| k == a))
+        .collect();
+    for arch in &unknown {
+        match rtc::compile(arch) {
+            Err(GpuError::HipArchUnsupported { why, .. }) => {
+                assert!(
+                    why.contains("gfx90a"),
+                    "the refusal lists what is known: {why}"
+                )
+            }
+            other => panic!("{arch}: {other:?}"),
+        }
+    }
+    eprintln!(
+        "compiled for {}; skipped, unknown to this ROCm: {}",
+        known[from..].join(", "),
+        if unknown.is_empty() {
+            "none".into()
+        } else {
+            unknown.join(", ")
+        }
+    );
 }
 
 fn ptxas() -> Option<PathBuf> {
@@ -83,7 +181,7 @@ fn kernels_assemble_for_volta_ampere_and_hopper() {
 #[test]
 fn device_pattern_matches_the_host_reference_and_catches_one_bad_byte() {
     let Some(gpu) = gpu_or_typed_absence() else {
-        eprintln!("skipped: no-gpu (no NVIDIA driver or device on this host)");
+        eprintln!("skipped: no-gpu (no NVIDIA or AMD GPU on this host)");
         return;
     };
     for (len, exportable) in [
@@ -123,7 +221,7 @@ fn device_pattern_matches_the_host_reference_and_catches_one_bad_byte() {
 #[test]
 fn device_buffers_round_trip_over_tcp_through_pinned_staging() {
     let Some(gpu) = gpu_or_typed_absence() else {
-        eprintln!("skipped: no-gpu (no NVIDIA driver or device on this host)");
+        eprintln!("skipped: no-gpu (no NVIDIA or AMD GPU on this host)");
         return;
     };
     let token = 0x7777_u128;

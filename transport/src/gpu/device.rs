@@ -1,188 +1,220 @@
-//! The GPU inventory, a device context with one stream, and the buffers the transports move.
+//! One GPU API over both vendors: the inventory, a device with one stream, and the buffers the
+//! transports move. Which backend serves a GPU is decided once, when it is opened; a buffer
+//! belongs to the backend that allocated it.
 
-use std::mem::ManuallyDrop;
 use std::path::Path;
-use std::sync::Arc;
 
-use cudarc::driver::sys::{self, CUdevice_attribute};
-use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, PinnedHostSlice};
+use super::cuda::{CudaDevice, CudaGpu, CudaPinned};
+use super::hip::{HipDevice, HipGpu, HipPinned};
+use super::{GpuError, Result};
 
-use super::pattern::Kernels;
-use super::{call, GpuError, Result};
+/// Who made the GPU, and so which runtime drives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Vendor {
+    /// CUDA, through libcuda.
+    Nvidia,
+    /// HIP, through libamdhip64.
+    Amd,
+}
 
-/// One NVIDIA GPU as the driver describes it.
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "nvidia",
+            Vendor::Amd => "amd",
+        }
+    }
+}
+
+impl std::fmt::Display for Vendor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One GPU as its runtime describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuInfo {
+    pub vendor: Vendor,
     pub ordinal: usize,
     pub name: String,
+    /// The compiler's target: "sm_90" on NVIDIA, "gfx942" on AMD (from KFD; empty when the
+    /// kernel does not list the device).
+    pub arch: String,
     pub memory_bytes: u64,
+    /// NVIDIA's compute capability; on AMD the gfx major and minor version.
     pub compute_capability: (i32, i32),
-    /// The device can export its memory as a dmabuf (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`),
-    /// which an RDMA NIC can then register directly.
+    /// The device's memory can be exported as a dmabuf, which an RDMA NIC can then register
+    /// directly (NVIDIA: `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; AMD: an export tried).
     pub dmabuf: bool,
 }
 
-/// Every GPU the driver sees, and the driver's CUDA version ("12.8").
+/// Every GPU one runtime sees.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Inventory {
+    pub vendor: Vendor,
+    /// The driver's version: CUDA's ("12.8"), or HIP's view of the AMD driver.
     pub driver_version: String,
+    /// The runtime and the library it was loaded from ("HIP 6.2.41133 (libamdhip64.so.6)").
+    pub runtime: String,
     pub devices: Vec<GpuInfo>,
 }
 
-/// Can libcuda be loaded here? (Nothing is called; only `dlopen` is tried.)
-pub fn libcuda_present() -> bool {
-    // SAFETY: only tries to dlopen the library by its usual names; nothing is called.
-    unsafe { sys::is_culib_present() }
+/// The GPUs of `vendor`.
+pub fn inventory_of(vendor: Vendor) -> Result<Inventory> {
+    match vendor {
+        Vendor::Nvidia => super::cuda::inventory(),
+        Vendor::Amd => super::hip::inventory(),
+    }
 }
 
-/// Ask the driver what it has. Never panics: no libcuda is [`GpuError::NoDriver`], a driver
-/// without devices [`GpuError::NoDevice`].
+/// The GPUs this host has: NVIDIA's when a CUDA driver answers with devices, else AMD's. Never
+/// panics; when neither vendor has a usable GPU the error says why for both, and is the most
+/// specific one: an AMD GPU in the kernel without a HIP runtime is [`GpuError::NoHipRuntime`].
 pub fn inventory() -> Result<Inventory> {
-    if !libcuda_present() {
-        return Err(GpuError::NoDriver {
-            kernel_driver: Path::new("/proc/driver/nvidia").exists(),
-        });
-    }
-    match call("cuInit", result::init) {
-        Err(GpuError::Driver { error, .. }) if error.contains("NO_DEVICE") => {
-            return Err(GpuError::NoDevice(error))
+    let nvidia = match super::cuda::inventory() {
+        Ok(inv) => return Ok(inv),
+        Err(e) if e.is_absent() => e,
+        Err(e) => return Err(e),
+    };
+    let amd = match super::hip::inventory() {
+        Ok(inv) => return Ok(inv),
+        Err(e) if e.is_absent() => e,
+        Err(e) => return Err(e),
+    };
+    Err(absence(
+        nvidia,
+        amd,
+        &super::hip::kfd::gpus(Path::new("/sys")),
+    ))
+}
+
+/// The one error for a host where neither runtime found a GPU: an AMD GPU that the kernel
+/// lists but no HIP runtime can drive is named as such (`no-hip-runtime`), anything else is
+/// "no GPU" with both runtimes' reasons.
+fn absence(nvidia: GpuError, amd: GpuError, kfd_gpus: &[super::hip::kfd::KfdGpu]) -> GpuError {
+    match amd {
+        GpuError::NoHipRuntime(why) if !kfd_gpus.is_empty() => {
+            let archs: Vec<_> = kfd_gpus.iter().map(|g| g.arch.as_str()).collect();
+            GpuError::NoHipRuntime(format!(
+                "the kernel lists {} AMD GPU(s) ({}) but {why}",
+                kfd_gpus.len(),
+                archs.join(", ")
+            ))
         }
-        other => other?,
+        amd => GpuError::NoGpu {
+            nvidia: nvidia.to_string(),
+            amd: amd.to_string(),
+        },
     }
-    let version = call("cuDriverGetVersion", || {
-        let mut v = 0;
-        // SAFETY: writes one int through a valid pointer.
-        unsafe { sys::cuDriverGetVersion(&mut v) }.result()?;
-        Ok(v)
-    })?;
-    let count = call("cuDeviceGetCount", result::device::get_count)?;
-    if count <= 0 {
-        return Err(GpuError::NoDevice("0 devices".into()));
-    }
-    let devices = (0..count as usize)
-        .map(describe)
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Inventory {
-        driver_version: format!("{}.{}", version / 1000, version % 1000 / 10),
-        devices,
-    })
 }
 
-fn describe(ordinal: usize) -> Result<GpuInfo> {
-    call("cuDeviceGet*", || {
-        let dev = result::device::get(ordinal as i32)?;
-        // SAFETY: `dev` is a device handle the driver just returned; attribute queries only
-        // read.
-        let attr = |a| unsafe { result::device::get_attribute(dev, a) };
-        Ok(GpuInfo {
-            ordinal,
-            name: result::device::get_name(dev)?,
-            // SAFETY: as above.
-            memory_bytes: unsafe { result::device::total_mem(dev) }? as u64,
-            compute_capability: (
-                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-                attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-            ),
-            dmabuf: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? == 1,
-        })
-    })
-}
+/// Device memory, from either backend.
+pub struct DeviceBuffer(pub(crate) DeviceMemory);
 
-/// Device memory. Freed when dropped: stream-ordered for pool memory, after a stream
-/// synchronize for exportable (`cuMemAlloc`) memory.
-pub struct DeviceBuffer {
-    pub(crate) slice: ManuallyDrop<CudaSlice<u8>>,
-    /// Allocated with plain `cuMemAlloc` (not from the stream-ordered pool), so it can be
-    /// exported as a dmabuf, and freed with `cuMemFree`.
-    exportable: bool,
+pub(crate) enum DeviceMemory {
+    Cuda(CudaDevice),
+    Hip(HipDevice),
 }
 
 impl DeviceBuffer {
     pub fn len(&self) -> usize {
-        self.slice.len()
+        match &self.0 {
+            DeviceMemory::Cuda(b) => b.len(),
+            DeviceMemory::Hip(b) => b.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slice.is_empty()
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        // SAFETY: `slice` is taken exactly once, here, and never used again.
-        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        if !self.exportable {
-            drop(slice);
-            return;
-        }
-        let stream = Arc::clone(slice.stream());
-        let _ = call("cuMemFree", || {
-            stream.synchronize()?;
-            let ptr = slice.leak();
-            stream.context().bind_to_thread()?;
-            // SAFETY: `ptr` came from cuMemAlloc in `alloc_exportable`, the stream that used
-            // it is idle, and the slice that owned it was leaked, so this is the only free.
-            unsafe { result::free_sync(ptr) }
-        });
+        self.len() == 0
     }
 }
 
 /// Page-locked host memory: the staging area between a device buffer and a socket or NIC.
-/// Allocated without write-combining, because the CPU reads it (to send it).
-pub struct PinnedBuffer {
-    pub(crate) slice: PinnedHostSlice<u8>,
+pub struct PinnedBuffer(PinnedMemory);
+
+enum PinnedMemory {
+    Cuda(CudaPinned),
+    Hip(HipPinned),
 }
 
 impl PinnedBuffer {
     /// The bytes, once every copy into them has finished.
     pub fn bytes(&self) -> Result<&[u8]> {
-        call("cuEventSynchronize", || self.slice.as_slice())
+        match &self.0 {
+            PinnedMemory::Cuda(b) => b.bytes(),
+            PinnedMemory::Hip(b) => Ok(b.bytes()),
+        }
     }
 
     pub fn bytes_mut(&mut self) -> Result<&mut [u8]> {
-        call("cuEventSynchronize", || self.slice.as_mut_slice())
+        match &mut self.0 {
+            PinnedMemory::Cuda(b) => b.bytes_mut(),
+            PinnedMemory::Hip(b) => Ok(b.bytes_mut()),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.slice.len()
+        match &self.0 {
+            PinnedMemory::Cuda(b) => b.len(),
+            PinnedMemory::Hip(b) => b.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slice.is_empty()
+        self.len() == 0
     }
 }
 
-/// One GPU: its context, one stream that orders every copy and kernel, and the pattern
-/// kernels loaded into it.
+/// One GPU of either vendor: a device with one stream that orders every copy and kernel, and
+/// the pattern kernels loaded into it.
 pub struct Gpu {
-    pub(crate) ctx: Arc<CudaContext>,
-    pub(crate) stream: Arc<CudaStream>,
-    kernels: Kernels,
+    backend: Backend,
     info: GpuInfo,
     driver_version: String,
+    runtime: String,
+}
+
+enum Backend {
+    Cuda(CudaGpu),
+    Hip(HipGpu),
+}
+
+/// A buffer handed to a GPU of the other vendor.
+fn foreign() -> GpuError {
+    GpuError::Protocol("a buffer allocated by one GPU backend was given to the other".into())
 }
 
 impl Gpu {
-    /// Open GPU `ordinal`. Checks libcuda first: `CudaContext::new` would panic without it.
+    /// Open GPU `ordinal` of whichever vendor this host has.
     pub fn open(ordinal: usize) -> Result<Gpu> {
-        let inv = inventory()?;
-        let info = inv
+        Gpu::open_with(inventory()?, ordinal, None)
+    }
+
+    /// Open GPU `ordinal` of `inventory`; AMD kernels compiled for it are cached in
+    /// `kernel_cache` (the run folder), so the ranks after the first load them at once.
+    pub fn open_with(
+        inventory: Inventory,
+        ordinal: usize,
+        kernel_cache: Option<&Path>,
+    ) -> Result<Gpu> {
+        let info = inventory
             .devices
             .get(ordinal)
             .cloned()
             .ok_or(GpuError::NoSuchOrdinal {
                 ordinal,
-                count: inv.devices.len(),
+                count: inventory.devices.len(),
             })?;
-        let ctx = call("cuDevicePrimaryCtxRetain", || CudaContext::new(ordinal))?;
-        let stream = call("cuStreamCreate", || ctx.new_stream())?;
-        let kernels = Kernels::load(&ctx)?;
+        let backend = match inventory.vendor {
+            Vendor::Nvidia => Backend::Cuda(CudaGpu::open(ordinal)?),
+            Vendor::Amd => Backend::Hip(HipGpu::open(&info, kernel_cache)?),
+        };
         Ok(Gpu {
-            ctx,
-            stream,
-            kernels,
+            backend,
             info,
-            driver_version: inv.driver_version,
+            driver_version: inventory.driver_version,
+            runtime: inventory.runtime,
         })
     }
 
@@ -190,61 +222,51 @@ impl Gpu {
         &self.info
     }
 
+    pub fn vendor(&self) -> Vendor {
+        self.info.vendor
+    }
+
     pub fn driver_version(&self) -> &str {
         &self.driver_version
     }
 
-    /// `len` bytes of zeroed device memory.
-    pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
-        let slice = call("cuMemAllocAsync", || {
-            self.stream.alloc_zeros::<u8>(len.max(1))
-        })?;
-        self.sync()?;
-        Ok(DeviceBuffer {
-            slice: ManuallyDrop::new(slice),
-            exportable: false,
-        })
+    /// The runtime and its library ("CUDA driver 12.8 (libcuda)", "HIP 6.2.41133 (…)").
+    pub fn runtime(&self) -> &str {
+        &self.runtime
     }
 
-    /// `len` bytes of zeroed device memory from plain `cuMemAlloc`: memory from the
-    /// stream-ordered pool (what [`Gpu::alloc`] returns where pools exist) cannot be exported
-    /// as a dmabuf.
+    /// `len` bytes of zeroed device memory.
+    pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
+        Ok(DeviceBuffer(match &self.backend {
+            Backend::Cuda(g) => DeviceMemory::Cuda(g.alloc(len)?),
+            Backend::Hip(g) => DeviceMemory::Hip(g.alloc(len)?),
+        }))
+    }
+
+    /// `len` bytes of zeroed device memory that can be exported as a dmabuf (on CUDA, plain
+    /// `cuMemAlloc` rather than the stream-ordered pool; every `hipMalloc` allocation can be).
     pub fn alloc_exportable(&self, len: usize) -> Result<DeviceBuffer> {
-        let len = len.max(1);
-        let slice = call("cuMemAlloc", || {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: a fresh allocation of `len` bytes, zeroed before anyone reads it, and
-            // owned from here on by the slice (freed in `DeviceBuffer::drop`).
-            unsafe {
-                let ptr = result::malloc_sync(len)?;
-                result::memset_d8_sync(ptr, 0, len)?;
-                Ok(self.stream.upgrade_device_ptr::<u8>(ptr, len))
-            }
-        })?;
-        Ok(DeviceBuffer {
-            slice: ManuallyDrop::new(slice),
-            exportable: true,
-        })
+        Ok(DeviceBuffer(match &self.backend {
+            Backend::Cuda(g) => DeviceMemory::Cuda(g.alloc_exportable(len)?),
+            Backend::Hip(g) => DeviceMemory::Hip(g.alloc(len)?),
+        }))
     }
 
     /// `len` bytes of zeroed pinned host memory.
     pub fn alloc_pinned(&self, len: usize) -> Result<PinnedBuffer> {
-        // SAFETY: the memory is zeroed below before anyone can read it; flags 0 means neither
-        // write-combined nor mapped.
-        let slice = call("cuMemHostAlloc", || unsafe {
-            self.ctx.alloc_pinned_with_flags::<u8>(len.max(1), 0)
-        })?;
-        let mut buf = PinnedBuffer { slice };
-        buf.bytes_mut()?.fill(0);
-        Ok(buf)
+        Ok(PinnedBuffer(match &self.backend {
+            Backend::Cuda(g) => PinnedMemory::Cuda(g.alloc_pinned(len)?),
+            Backend::Hip(g) => PinnedMemory::Hip(g.alloc_pinned(len)?),
+        }))
     }
 
     /// Copy the first `dst.len()` bytes of `src` to the host; returns once they are there.
     pub fn to_host(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
-        check_len(dst.len(), src.len())?;
-        let view = src.slice.slice(..dst.len());
-        call("cuMemcpyDtoH", || self.stream.memcpy_dtoh(&view, dst))?;
-        self.sync()
+        match (&self.backend, &src.0) {
+            (Backend::Cuda(g), DeviceMemory::Cuda(b)) => g.to_host(b, dst),
+            (Backend::Hip(g), DeviceMemory::Hip(b)) => g.to_host(b, dst),
+            _ => Err(foreign()),
+        }
     }
 
     /// Copy `src` into the start of `dst`; returns once the copy is done.
@@ -254,17 +276,20 @@ impl Gpu {
 
     /// Copy `src` into `dst` at `offset`; returns once the copy is done.
     pub fn to_device_at(&self, src: &[u8], dst: &mut DeviceBuffer, offset: usize) -> Result<()> {
-        check_len(offset + src.len(), dst.len())?;
-        let mut view = dst.slice.slice_mut(offset..offset + src.len());
-        call("cuMemcpyHtoD", || self.stream.memcpy_htod(src, &mut view))?;
-        self.sync()
+        match (&self.backend, &mut dst.0) {
+            (Backend::Cuda(g), DeviceMemory::Cuda(b)) => g.to_device_at(src, b, offset),
+            (Backend::Hip(g), DeviceMemory::Hip(b)) => g.to_device_at(src, b, offset),
+            _ => Err(foreign()),
+        }
     }
 
     /// Write the pattern for `seed` into the first `len` bytes, on the device.
     pub fn fill_pattern(&self, buf: &mut DeviceBuffer, len: usize, seed: u64) -> Result<()> {
-        check_len(len, buf.len())?;
-        self.kernels.fill(&self.stream, &mut buf.slice, len, seed)?;
-        self.sync()
+        match (&self.backend, &mut buf.0) {
+            (Backend::Cuda(g), DeviceMemory::Cuda(b)) => g.fill_pattern(b, len, seed),
+            (Backend::Hip(g), DeviceMemory::Hip(b)) => g.fill_pattern(b, len, seed),
+            _ => Err(foreign()),
+        }
     }
 
     /// How many of the first `len` bytes differ from the pattern for `seed`, counted on the
@@ -281,28 +306,91 @@ impl Gpu {
         len: usize,
         seed: u64,
     ) -> Result<u64> {
-        check_len(offset + len, buf.len())?;
-        let view = buf.slice.slice(offset..offset + len);
-        self.kernels
-            .count_mismatches(&self.stream, &view, len, seed)
+        match (&self.backend, &buf.0) {
+            (Backend::Cuda(g), DeviceMemory::Cuda(b)) => {
+                g.pattern_mismatches_at(b, offset, len, seed)
+            }
+            (Backend::Hip(g), DeviceMemory::Hip(b)) => {
+                g.pattern_mismatches_at(b, offset, len, seed)
+            }
+            _ => Err(foreign()),
+        }
     }
 
     /// The buffer's device address (for dmabuf export and as the RDMA iova).
     #[cfg(feature = "rdma")]
-    pub(crate) fn device_address(&self, buf: &DeviceBuffer) -> u64 {
-        use cudarc::driver::DevicePtr;
-        let (ptr, _sync) = buf.slice.device_ptr(&self.stream);
-        ptr
+    pub(crate) fn device_address(&self, buf: &DeviceBuffer) -> Result<u64> {
+        match (&self.backend, &buf.0) {
+            (Backend::Cuda(g), DeviceMemory::Cuda(b)) => Ok(g.device_address(b)),
+            (Backend::Hip(_), DeviceMemory::Hip(b)) => Ok(b.address()),
+            _ => Err(foreign()),
+        }
+    }
+
+    /// Export the whole allocation as a dmabuf.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn export_dmabuf(&self, buf: &DeviceBuffer) -> Result<std::os::fd::OwnedFd> {
+        match (&self.backend, &buf.0) {
+            (Backend::Cuda(g), DeviceMemory::Cuda(b)) => g.export_dmabuf(b),
+            (Backend::Hip(g), DeviceMemory::Hip(b)) => g.export_dmabuf(b),
+            _ => Err(foreign()),
+        }
     }
 
     pub fn sync(&self) -> Result<()> {
-        call("cuStreamSynchronize", || self.stream.synchronize())
+        match &self.backend {
+            Backend::Cuda(g) => g.sync(),
+            Backend::Hip(g) => g.sync(),
+        }
     }
 }
 
-fn check_len(len: usize, capacity: usize) -> Result<()> {
-    if len > capacity {
-        return Err(GpuError::TooLong { len, capacity });
+#[cfg(test)]
+mod tests {
+    use super::super::hip::kfd::KfdGpu;
+    use super::*;
+
+    fn no_driver() -> GpuError {
+        GpuError::NoDriver {
+            kernel_driver: false,
+        }
     }
-    Ok(())
+
+    #[test]
+    fn an_amd_gpu_without_a_runtime_is_no_hip_runtime_not_no_gpu() {
+        let mi300x = KfdGpu {
+            arch: "gfx942".into(),
+            domain: 0,
+            location_id: 0xc100,
+        };
+        let err = absence(
+            no_driver(),
+            GpuError::NoHipRuntime(
+                "no HIP runtime could be loaded (tried libamdhip64.so.6)".into(),
+            ),
+            &[mi300x.clone(), mi300x],
+        );
+        assert!(err.is_absent());
+        let GpuError::NoHipRuntime(why) = &err else {
+            panic!("{err:?}");
+        };
+        assert!(why.contains("2 AMD GPU(s) (gfx942, gfx942)"), "{why}");
+        assert!(why.contains("libamdhip64.so.6"), "{why}");
+    }
+
+    #[test]
+    fn no_gpu_of_either_vendor_gives_both_reasons() {
+        for amd in [
+            GpuError::NoHipRuntime("no HIP runtime could be loaded".into()),
+            GpuError::NoDevice("the HIP 5.2.21153 runtime reports no device".into()),
+        ] {
+            let err = absence(no_driver(), amd, &[]);
+            assert!(matches!(err, GpuError::NoGpu { .. }), "{err:?}");
+            let text = err.to_string();
+            assert!(
+                text.contains("libcuda.so") && text.contains("HIP"),
+                "{text}"
+            );
+        }
+    }
 }

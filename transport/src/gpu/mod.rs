@@ -1,22 +1,32 @@
-//! GPU buffers (cargo feature `gpu`): device memory moved by the TCP and RDMA transports.
+//! GPU buffers (cargo feature `gpu`): device memory moved by the TCP and RDMA transports, on
+//! NVIDIA (CUDA) and AMD (HIP) GPUs.
 //!
-//! cudarc loads libcuda at run time, so building needs no CUDA and a binary built with this
-//! feature still runs on a host without a GPU: [`Gpu::open`] and [`inventory`] return a typed
+//! Both runtimes are loaded at run time (cudarc loads libcuda; the HIP backend resolves a table
+//! of symbols from libamdhip64), so building needs neither and a binary built with this feature
+//! still runs on a host without a GPU: [`Gpu::open`] and [`inventory`] return a typed
 //! [`GpuError`] there instead of panicking (cudarc's `CudaContext::new` panics when libcuda is
 //! missing, so its presence is checked first and every driver call is caught at this boundary).
 //!
-//! - [`device`]: the inventory, a device context with its stream, device and pinned buffers.
-//! - [`pattern`]: fill and check kernels (PTX, no NVRTC needed) and their host reference.
+//! - [`device`]: one API over both vendors: the inventory, a device with its stream, device
+//!   and pinned buffers.
+//! - `cuda`, [`hip`]: the two backends ([`hip`] also compiles the kernels for the GPU's
+//!   architecture, and reads architectures from the kernel's KFD topology).
+//! - [`pattern`]: fill and check kernels (PTX; HIP source) and their host reference.
 //! - [`tcp`]: TCP moves device memory by staging it through pinned host memory.
 //! - [`rdma`] (with `rdma`): GPU memory registered through dmabuf, or staged when that fails.
 
+mod cuda;
 pub mod device;
+pub mod hip;
 pub mod pattern;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod tcp;
 
-pub use device::{inventory, libcuda_present, DeviceBuffer, Gpu, GpuInfo, Inventory, PinnedBuffer};
+pub use cuda::libcuda_present;
+pub use device::{
+    inventory, inventory_of, DeviceBuffer, Gpu, GpuInfo, Inventory, PinnedBuffer, Vendor,
+};
 
 use thiserror::Error;
 
@@ -25,9 +35,33 @@ pub enum GpuError {
     /// No NVIDIA user-space driver to load: the skip reason `no-gpu`.
     #[error("libcuda.so cannot be loaded (no NVIDIA driver){}", if *.kernel_driver { "; the kernel driver is loaded (/proc/driver/nvidia), so the user-space library is missing" } else { "" })]
     NoDriver { kernel_driver: bool },
-    /// The driver loaded but reports no usable device: also `no-gpu`.
-    #[error("the CUDA driver reports no device: {0}")]
+    /// The driver or runtime loaded but reports no usable device: also `no-gpu`.
+    #[error("{0}")]
     NoDevice(String),
+    /// Neither vendor has a usable GPU here: `no-gpu`, with each runtime's reason.
+    #[error("no GPU: NVIDIA: {nvidia}; AMD: {amd}")]
+    NoGpu { nvidia: String, amd: String },
+    /// No HIP runtime (libamdhip64) or hiprtc could be loaded: the skip reason `no-hip-runtime`.
+    #[error("{0}")]
+    NoHipRuntime(String),
+    /// The host's HIP toolchain cannot compile for this GPU: `hip-arch-unsupported`.
+    #[error("cannot compile the pattern kernels for {arch}: {why}")]
+    HipArchUnsupported { arch: String, why: String },
+    #[error("HIP call {call} failed: {error} ({code})")]
+    Hip {
+        call: &'static str,
+        code: i32,
+        error: String,
+    },
+    #[error(
+        "hiprtc could not compile the pattern kernels for {arch}: {call} returned {status}: {log}"
+    )]
+    HipCompile {
+        arch: String,
+        call: &'static str,
+        status: i32,
+        log: String,
+    },
     #[error("GPU {ordinal} does not exist (the driver reports {count})")]
     NoSuchOrdinal { ordinal: usize, count: usize },
     #[error("CUDA driver call {call} failed: {error}")]
@@ -48,10 +82,24 @@ pub enum GpuError {
 }
 
 impl GpuError {
-    /// True when the host simply has no usable NVIDIA GPU (a skip, not a failure).
+    /// True when the host simply has no usable GPU, or no runtime for the one it has (a skip,
+    /// not a failure, unless the host profile says the GPU must be there).
     pub fn is_absent(&self) -> bool {
-        matches!(self, GpuError::NoDriver { .. } | GpuError::NoDevice(_))
+        matches!(
+            self,
+            GpuError::NoDriver { .. }
+                | GpuError::NoDevice(_)
+                | GpuError::NoGpu { .. }
+                | GpuError::NoHipRuntime(_)
+        )
     }
+}
+
+fn check_len(len: usize, capacity: usize) -> Result<()> {
+    if len > capacity {
+        return Err(GpuError::TooLong { len, capacity });
+    }
+    Ok(())
 }
 
 pub type Result<T, E = GpuError> = std::result::Result<T, E>;

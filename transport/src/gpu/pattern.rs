@@ -1,18 +1,11 @@
 //! The data pattern written and checked on the device, so a round trip is verified where the
-//! data lives. Two kernels in hand-written PTX (loaded by the driver, so no NVRTC is needed)
-//! and the same function on the host, which the tests hold the kernels to.
+//! data lives. Two kernels, in hand-written PTX for NVIDIA (loaded by the driver, so no NVRTC is
+//! needed) and in HIP source for AMD (compiled at run time for the GPU that is there), and the
+//! same function on the host, which the tests hold the kernels to.
 //!
 //! Byte `i` for seed `s` is the top byte of `(i ^ key(s)) * GOLDEN` (64-bit wrapping). The key
 //! mixes the seed, so the patterns of two seeds are not shifts of each other: a message
 //! delivered to the wrong iteration, or one byte off, is caught.
-
-use std::ffi::{c_void, CString};
-use std::sync::Arc;
-
-use cudarc::driver::sys;
-use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-
-use super::{call, Result};
 
 pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -125,136 +118,40 @@ CHECK_DONE:
 }
 "#;
 
-const BLOCK: u32 = 256;
-const MAX_GRID: u64 = 1024;
-
-fn grid(n: usize) -> u32 {
-    (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_GRID) as u32
-}
-
-/// The module and its two functions, loaded into one context.
-pub(crate) struct Kernels {
-    ctx: Arc<CudaContext>,
-    module: sys::CUmodule,
-    fill: sys::CUfunction,
-    check: sys::CUfunction,
-}
-
-// SAFETY: module and function handles are plain driver handles, valid in any thread once the
-// owning context is current; every use below binds the context first.
-unsafe impl Send for Kernels {}
-unsafe impl Sync for Kernels {}
-
-impl Kernels {
-    pub(crate) fn load(ctx: &Arc<CudaContext>) -> Result<Kernels> {
-        let src = CString::new(PTX).expect("the PTX text has no NUL byte");
-        call("cuModuleLoadData", || {
-            ctx.bind_to_thread()?;
-            // SAFETY: `src` is a NUL-terminated PTX image that lives for the call; the names
-            // are entries of that module.
-            unsafe {
-                let module = result::module::load_data(src.as_ptr() as *const c_void)?;
-                let fill =
-                    result::module::get_function(module, CString::new("wringer_fill").unwrap())?;
-                let check =
-                    result::module::get_function(module, CString::new("wringer_check").unwrap())?;
-                Ok(Kernels {
-                    ctx: Arc::clone(ctx),
-                    module,
-                    fill,
-                    check,
-                })
-            }
-        })
+/// The same two kernels in HIP C++, compiled by the host's hiprtc for its GPU's architecture
+/// (gfx90a, gfx942, …): shipping code objects would tie a build to the architectures one ROCm
+/// release knew.
+pub const HIP_SOURCE: &str = r#"
+// out[i] = ((i ^ key) * GOLDEN) >> 56 for i < n.
+extern "C" __global__ void wringer_fill(unsigned char* out, unsigned long long n,
+                                        unsigned long long key) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i < n; i += stride) {
+        out[i] = (unsigned char)(((i ^ key) * 0x9E3779B97F4A7C15ull) >> 56);
     }
+}
 
-    /// Launch `f` over `len` bytes with `params` (pointers to its u64 parameters).
-    ///
-    /// # Safety
-    /// `params` must match the kernel's parameter list, and every address among them must
-    /// point into live device memory covering what the kernel touches for `len`.
-    unsafe fn launch(
-        &self,
-        f: sys::CUfunction,
-        stream: &CudaStream,
-        len: usize,
-        params: &mut [*mut c_void],
-    ) -> Result<(), cudarc::driver::DriverError> {
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the caller's contract.
-        unsafe {
-            result::launch_kernel(
-                f,
-                (grid(len), 1, 1),
-                (BLOCK, 1, 1),
-                0,
-                stream.cu_stream(),
-                params,
-            )
+// *mismatches += count of i < n where buf[i] != ((i ^ key) * GOLDEN) >> 56.
+extern "C" __global__ void wringer_check(const unsigned char* buf, unsigned long long n,
+                                         unsigned long long key, unsigned int* mismatches) {
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+         i < n; i += stride) {
+        if (buf[i] != (unsigned char)(((i ^ key) * 0x9E3779B97F4A7C15ull) >> 56)) {
+            atomicAdd(mismatches, 1u);
         }
     }
-
-    pub(crate) fn fill(
-        &self,
-        stream: &Arc<CudaStream>,
-        buf: &mut CudaSlice<u8>,
-        len: usize,
-        seed: u64,
-    ) -> Result<()> {
-        call("cuLaunchKernel(wringer_fill)", || {
-            let (mut ptr, _written) = buf.device_ptr_mut(stream);
-            let (mut n, mut k) = (len as u64, key(seed));
-            let mut params = [
-                &mut ptr as *mut u64 as *mut c_void,
-                &mut n as *mut u64 as *mut c_void,
-                &mut k as *mut u64 as *mut c_void,
-            ];
-            // SAFETY: wringer_fill takes (out, n, key), three u64s; it writes only
-            // [ptr, ptr + n), inside `buf` (the caller checked len <= buf.len()). `_written`
-            // records the write for cudarc's stream tracking.
-            unsafe { self.launch(self.fill, stream, len, &mut params) }
-        })
-    }
-
-    pub(crate) fn count_mismatches(
-        &self,
-        stream: &Arc<CudaStream>,
-        buf: &impl DevicePtr<u8>,
-        len: usize,
-        seed: u64,
-    ) -> Result<u64> {
-        let mut counter = call("cuMemAlloc", || stream.alloc_zeros::<u32>(1))?;
-        call("cuLaunchKernel(wringer_check)", || {
-            let (mut ptr, _read) = buf.device_ptr(stream);
-            let (mut out, _counted) = counter.device_ptr_mut(stream);
-            let (mut n, mut k) = (len as u64, key(seed));
-            let mut params = [
-                &mut ptr as *mut u64 as *mut c_void,
-                &mut n as *mut u64 as *mut c_void,
-                &mut k as *mut u64 as *mut c_void,
-                &mut out as *mut u64 as *mut c_void,
-            ];
-            // SAFETY: wringer_check takes (buf, n, key, mismatches), four u64s; it reads
-            // [ptr, ptr + n) inside `buf` and adds to the one u32 at `out`, a live allocation
-            // of this stream.
-            unsafe { self.launch(self.check, stream, len, &mut params) }
-        })?;
-        let mut host = [0u32; 1];
-        call("cuMemcpyDtoH", || stream.memcpy_dtoh(&counter, &mut host))?;
-        call("cuStreamSynchronize", || stream.synchronize())?;
-        Ok(host[0] as u64)
-    }
 }
+"#;
 
-impl Drop for Kernels {
-    fn drop(&mut self) {
-        let _ = call("cuModuleUnload", || {
-            self.ctx.bind_to_thread()?;
-            // SAFETY: the module was loaded by `load` and is unloaded once, here; no launch
-            // can follow because `self` is going away.
-            unsafe { result::module::unload(self.module) }
-        });
-    }
+/// Threads per block, and the most blocks a launch uses (grid-stride loops cover the rest).
+pub(crate) const BLOCK: u32 = 256;
+const MAX_GRID: u64 = 1024;
+
+/// Blocks for a launch over `n` bytes.
+pub(crate) fn grid(n: usize) -> u32 {
+    (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_GRID) as u32
 }
 
 #[cfg(test)]

@@ -4,14 +4,12 @@
 //! region took, and why, is part of its evidence ([`MemoryPath`]).
 
 use std::fmt;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
-
-use cudarc::driver::sys::{self, CUmemRangeHandleType};
 
 use crate::rdma::rc::{RcConnection, Region, RemoteRegion};
 
-use super::{call, DeviceBuffer, Gpu, GpuError, PinnedBuffer, Result};
+use super::{DeviceBuffer, Gpu, GpuError, PinnedBuffer, Result, Vendor};
 
 /// How a region's device memory reaches the NIC.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,7 +67,13 @@ impl GpuRegion {
                 Err(why) => why,
             }
         } else {
-            "the GPU cannot export dmabufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0)".into()
+            match gpu.vendor() {
+                Vendor::Nvidia => {
+                    "the GPU cannot export dmabufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0)"
+                }
+                Vendor::Amd => "the HIP runtime or the amdgpu driver cannot export dmabufs",
+            }
+            .into()
         };
         let mut staging = gpu.alloc_pinned(len)?;
         let ptr = staging.bytes_mut()?.as_mut_ptr();
@@ -159,27 +163,10 @@ fn register_dmabuf(
     device: &DeviceBuffer,
     len: usize,
 ) -> std::result::Result<Region, String> {
-    let dptr = gpu.device_address(device);
-    let size = device.len();
-    let fd = call("cuMemGetHandleForAddressRange", || {
-        let mut fd: i32 = -1;
-        // SAFETY: the driver writes one int (the new fd) through the pointer; the range is a
-        // whole device allocation whose size is a multiple of the 2 MiB granule.
-        unsafe {
-            sys::cuMemGetHandleForAddressRange(
-                &mut fd as *mut i32 as *mut std::ffi::c_void,
-                dptr,
-                size,
-                CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                0,
-            )
-        }
-        .result()?;
-        Ok(fd)
-    })
-    .map_err(|e| format!("dmabuf export failed: {e}"))?;
-    // SAFETY: the driver just created this descriptor for us; nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let dptr = gpu.device_address(device).map_err(|e| e.to_string())?;
+    let fd = gpu
+        .export_dmabuf(device)
+        .map_err(|e| format!("dmabuf export failed: {e}"))?;
     // SAFETY: the dmabuf covers the whole allocation, which the GpuRegion owns and drops after
     // the region. The registration holds its own reference to the dmabuf, so `fd` can close.
     unsafe { conn.register_dmabuf(fd.as_raw_fd(), 0, len, dptr) }.map_err(|e| {
