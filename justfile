@@ -5,8 +5,8 @@ default:
     @just --list
 
 # Unit and integration tests (nextest, CI profile), the transport's doctests, clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
-test: build-deps (apt "chromium" "strace") cuda-tools external
-    WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 cargo nextest run --workspace --all-features --profile ci
+test: build-deps (apt "chromium" "strace") cuda-tools hip-tools external
+    WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 WRINGER_REQUIRE_HIP=1 cargo nextest run --workspace --all-features --profile ci
     # nextest runs no doctests: the transport's compile_fail examples (a lent receive slot cannot be reused while it is out) run here.
     cargo test --doc -p wringer-transport --all-features
     cargo clippy --workspace --all-targets --all-features -- -D warnings
@@ -249,6 +249,10 @@ ptxas := "target/cuda-tools/nvidia/cuda_nvcc/bin/ptxas"
 cuda-tools:
     [ -x {{ptxas}} ] || pip install --quiet --no-deps --target target/cuda-tools "nvidia-cuda-nvcc-cu12==12.9.86"
     chmod +x {{ptxas}}
+
+# Debian's ROCm 5.2 HIP runtime, hiprtc (in libamdhip64, with its builtins) and comgr with the device libraries, so the tests load HIP and compile the AMD kernels with no GPU.
+[private]
+hip-tools: (apt "libamdhip64-5" "libhiprtc-builtins5" "libamd-comgr2" "rocm-device-libs")
 
 # Install the Debian packages among these that are missing (as root, or through sudo).
 [private]

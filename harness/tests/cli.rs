@@ -546,12 +546,46 @@ fn a_closed_stdout_is_not_a_panic() {
     }
 }
 
-/// On a host without an NVIDIA GPU (CI) both GPU scenarios are skips that say why, in every
-/// report; on a host with one, this test has nothing to prove and says so.
+/// `probe --json` names the GPU vendor and runtime when a GPU answers, and otherwise what each
+/// vendor's runtime said, with the skip code the GPU scenarios will carry.
+#[test]
+fn probe_json_names_the_gpu_vendor_and_runtime_or_why_there_is_none() {
+    let m = marker();
+    let out = run_to_end(wringer(&m, &["probe", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let facts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    match facts["gpus"].as_array().unwrap().first() {
+        Some(g) => {
+            assert!(
+                ["nvidia", "amd"].contains(&g["vendor"].as_str().unwrap()),
+                "{g}"
+            );
+            let runtime = facts["gpu_runtime"].as_str().unwrap();
+            assert!(
+                runtime.starts_with("CUDA") || runtime.starts_with("HIP"),
+                "{runtime}"
+            );
+        }
+        None => {
+            let code = facts["gpu_absent_code"].as_str().unwrap();
+            assert!(["no-gpu", "no-hip-runtime"].contains(&code), "{code}");
+            let absent = facts["gpu_absent"].as_str().unwrap();
+            if std::env::var_os("WRINGER_REQUIRE_HIP").is_some() {
+                // Debian's HIP 5.2 loaded and said it has no device.
+                assert!(absent.contains("AMD: the HIP 5."), "{absent}");
+            }
+        }
+    }
+    assert!(processes_with(&m).is_empty());
+}
+
+/// On a host without a GPU (CI) both GPU scenarios are skips that say why, in every report,
+/// and the probe names what it tried of each vendor; on a host with one, this test has nothing
+/// to prove and says so.
 #[test]
 fn gpu_scenarios_skip_with_the_no_gpu_reason_where_there_is_no_gpu() {
     if wringer_transport::gpu::inventory().is_ok() {
-        eprintln!("skipped: this host has a usable NVIDIA GPU; the scenarios run instead");
+        eprintln!("skipped: this host has a usable GPU; the scenarios run instead");
         return;
     }
     let dir = report_dir("gpu-skip");
@@ -573,20 +607,30 @@ fn gpu_scenarios_skip_with_the_no_gpu_reason_where_there_is_no_gpu() {
     let host = &r["hosts"][0];
     assert_eq!(host["gpus"], serde_json::json!([]));
     let absent = host["gpu_absent"].as_str().expect("the probe says why");
-    let kfd = std::path::Path::new("/dev/kfd").exists();
+    let code = host["gpu_absent_code"]
+        .as_str()
+        .expect("and with which code");
+    // Both vendors were asked: CUDA's reason and HIP's (a runtime, or why none loaded).
+    assert!(
+        absent.contains("NVIDIA: ") && absent.contains("AMD: "),
+        "{absent}"
+    );
+    if std::env::var_os("WRINGER_REQUIRE_HIP").is_some() {
+        assert!(
+            absent.contains("libamdhip64"),
+            "the HIP runtime answered: {absent}"
+        );
+    }
     for s in r["scenarios"].as_array().unwrap() {
         assert_eq!(s["verdict"], "skip", "{s}");
-        let reason = s["reason"].as_str().unwrap();
-        if kfd {
-            assert!(reason.starts_with("rocm-unsupported: "), "{reason}");
-        } else {
-            assert_eq!(reason, format!("no-gpu: {absent}"));
-        }
+        assert_eq!(s["reason"].as_str().unwrap(), format!("{code}: {absent}"));
     }
     let junit = std::fs::read_to_string(dir.join("junit.xml")).unwrap();
     assert_eq!(
-        junit.matches("<skipped message=\"no-gpu: ").count(),
-        2 * !kfd as usize,
+        junit
+            .matches(&format!("<skipped message=\"{code}: "))
+            .count(),
+        2,
         "{junit}"
     );
     assert!(processes_with(&m).is_empty());

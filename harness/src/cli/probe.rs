@@ -59,24 +59,28 @@ fn print_facts(profile: &str, f: &probe::HostFacts) {
         }
     }
     if f.gpus.is_empty() {
-        let why = f.gpu_absent.as_deref().unwrap_or("no NVIDIA GPU");
-        if f.amd_kfd {
-            wringer::say!(
-                "gpu:     none usable: AMD GPU (/dev/kfd) present, ROCm not supported yet; {why}"
-            );
-        } else {
-            wringer::say!("gpu:     none: {why}");
-        }
+        let why = f.gpu_absent.as_deref().unwrap_or("no GPU");
+        let code = f.gpu_absent_code.map(|c| c.as_str()).unwrap_or("no-gpu");
+        wringer::say!("gpu:     none ({code}): {why}");
     } else {
+        wringer::say!(
+            "gpu:     {}, driver {}",
+            f.gpu_runtime.as_deref().unwrap_or("?"),
+            f.gpu_driver.as_deref().unwrap_or("?")
+        );
         for g in &f.gpus {
             wringer::say!(
-                "gpu:     {}: {}, {} MiB, compute {}, driver CUDA {}, dmabuf {}",
+                "gpu:     {}: {} {}, {}, {} MiB, dmabuf {}{}",
                 g.index,
+                g.vendor,
                 g.model,
+                g.arch,
                 g.memory_mib,
-                g.compute_capability,
-                f.gpu_driver.as_deref().unwrap_or("?"),
-                if g.dmabuf { "yes" } else { "no" }
+                if g.dmabuf { "yes" } else { "no" },
+                g.unsupported
+                    .as_deref()
+                    .map(|u| format!(" (unusable: {u})"))
+                    .unwrap_or_default()
             );
         }
     }

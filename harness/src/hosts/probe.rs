@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::profile::HostProfile;
+use super::profile::{GpuVendor, HostProfile};
 use crate::model::requirement::{Requirement, SkipCode, SkipReason};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -54,15 +54,29 @@ pub struct RdmaDevice {
     pub ports: Vec<RdmaPort>,
 }
 
-/// One NVIDIA GPU as the CUDA driver describes it.
+/// One GPU as its runtime (CUDA or HIP) describes it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct GpuFact {
     pub index: usize,
+    /// "nvidia" or "amd" (hosts probed before AMD support only ever reported NVIDIA).
+    #[serde(default = "nvidia")]
+    pub vendor: String,
     pub model: String,
     pub memory_mib: u64,
+    /// The compiler target: "sm_90", "gfx942".
+    #[serde(default)]
+    pub arch: String,
     pub compute_capability: String,
     /// The GPU can export memory as a dmabuf (the RDMA path can register it directly).
     pub dmabuf: bool,
+    /// Why the pattern kernels cannot be built for this GPU here (AMD: the host's ROCm does
+    /// not know its architecture), when they cannot.
+    #[serde(default)]
+    pub unsupported: Option<String>,
+}
+
+fn nvidia() -> String {
+    "nvidia".into()
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -74,12 +88,19 @@ pub struct HostFacts {
     pub rdma_absent: Option<String>,
     pub rdma_devices: Vec<RdmaDevice>,
     pub gpus: Vec<GpuFact>,
-    /// The CUDA driver's version ("12.8"), when a driver answered.
+    /// The driver's version ("12.8" for CUDA), when a driver answered.
     #[serde(default)]
     pub gpu_driver: Option<String>,
-    /// Why no GPU is usable, when none is.
+    /// The runtime that answered and its library ("HIP 6.2.41133 (libamdhip64.so.6)").
+    #[serde(default)]
+    pub gpu_runtime: Option<String>,
+    /// Why no GPU is usable, when none is,
     #[serde(default)]
     pub gpu_absent: Option<String>,
+    /// and the skip code that says it (`no-gpu`, or `no-hip-runtime` for an AMD GPU that no
+    /// HIP runtime drives).
+    #[serde(default)]
+    pub gpu_absent_code: Option<SkipCode>,
     pub amd_kfd: bool,
     pub netns: bool,
     pub docker: bool,
@@ -101,7 +122,7 @@ fn ebpf_unknown() -> Option<String> {
 /// Probe this machine.
 pub fn local() -> HostFacts {
     let (rdma_devices, rdma_absent) = rdma();
-    let (gpus, gpu_driver, gpu_absent) = gpus();
+    let gpu = gpus();
     HostFacts {
         host: read_trim("/proc/sys/kernel/hostname").unwrap_or_else(|| "localhost".into()),
         kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_default(),
@@ -109,9 +130,11 @@ pub fn local() -> HostFacts {
         root: unsafe { libc::geteuid() } == 0,
         rdma_absent,
         rdma_devices,
-        gpus,
-        gpu_driver,
-        gpu_absent,
+        gpus: gpu.gpus,
+        gpu_driver: gpu.driver,
+        gpu_runtime: gpu.runtime,
+        gpu_absent: gpu.absent,
+        gpu_absent_code: gpu.absent_code,
         amd_kfd: Path::new("/dev/kfd").exists(),
         netns: Path::new("/proc/self/ns/net").exists() && on_path("ip"),
         docker: Path::new("/var/run/docker.sock").exists(),
@@ -144,25 +167,7 @@ impl HostFacts {
                 }
                 Ok(())
             }
-            Requirement::Gpu => {
-                if !self.gpus.is_empty() {
-                    Ok(())
-                } else if self.amd_kfd {
-                    skip(
-                        SkipCode::RocmUnsupported,
-                        "an AMD GPU (/dev/kfd) is present but wringer moves GPU memory through \
-                         CUDA only; ROCm (HIP) is not supported yet"
-                            .into(),
-                    )
-                } else {
-                    skip(
-                        SkipCode::NoGpu,
-                        self.gpu_absent
-                            .clone()
-                            .unwrap_or_else(|| "no NVIDIA GPU".into()),
-                    )
-                }
-            }
+            Requirement::Gpu => self.check_gpu(profile.gpu),
             Requirement::Xhost if profile.hosts() < 2 => skip(
                 SkipCode::SingleHostProfile,
                 format!(
@@ -191,6 +196,54 @@ impl HostFacts {
                 "virtme-ng (`vng`) or qemu-system-x86_64 is not installed".into(),
             ),
             Requirement::Vm => Ok(()),
+        }
+    }
+}
+
+impl HostFacts {
+    /// A GPU the scenarios can use: of the profile's vendor when it names one, with kernels
+    /// that build for it.
+    fn check_gpu(&self, wanted: Option<GpuVendor>) -> Result<(), SkipReason> {
+        let skip = |code, detail: String| Err(SkipReason { code, detail });
+        let of_vendor: Vec<&GpuFact> = self
+            .gpus
+            .iter()
+            .filter(|g| wanted.is_none_or(|v| g.vendor == v.as_str()))
+            .collect();
+        if of_vendor.iter().any(|g| g.unsupported.is_none()) {
+            return Ok(());
+        }
+        if let Some(g) = of_vendor.first() {
+            return skip(
+                SkipCode::HipArchUnsupported,
+                format!(
+                    "GPU {} ({}, {}): {}",
+                    g.index,
+                    g.model,
+                    g.arch,
+                    g.unsupported.as_deref().unwrap_or("")
+                ),
+            );
+        }
+        if let (Some(v), Some(other)) = (wanted, self.gpus.first()) {
+            return skip(
+                SkipCode::NoGpu,
+                format!(
+                    "the host profile says `gpu: {}` but this host's GPU is {} ({})",
+                    v.as_str(),
+                    other.model,
+                    other.vendor
+                ),
+            );
+        }
+        let why = self.gpu_absent.clone().unwrap_or_else(|| "no GPU".into());
+        match self.gpu_absent_code {
+            Some(code) => skip(code, why),
+            // The profile wants AMD and the kernel lists an AMD GPU: what is missing is HIP.
+            None if wanted == Some(GpuVendor::Amd) && self.amd_kfd => {
+                skip(SkipCode::NoHipRuntime, why)
+            }
+            None => skip(SkipCode::NoGpu, why),
         }
     }
 }
@@ -228,17 +281,46 @@ fn rdma() -> (Vec<RdmaDevice>, Option<String>) {
     }
 }
 
-/// NVIDIA GPUs as the CUDA driver reports them (loaded at run time: no driver, no GPUs).
-fn gpus() -> (Vec<GpuFact>, Option<String>, Option<String>) {
+/// What the probe says about GPUs.
+struct GpuProbe {
+    gpus: Vec<GpuFact>,
+    driver: Option<String>,
+    runtime: Option<String>,
+    absent: Option<String>,
+    absent_code: Option<SkipCode>,
+}
+
+/// GPUs as their runtime reports them (NVIDIA's through CUDA, else AMD's through HIP, each
+/// loaded at run time: no runtime, no GPUs). For AMD GPUs the host's ROCm must also know the
+/// architecture, or the kernels cannot be compiled.
+fn gpus() -> GpuProbe {
+    use wringer_transport::gpu::{hip::rtc, GpuError, Vendor};
     match wringer_transport::gpu::inventory() {
         Ok(inv) => {
+            let known = (inv.vendor == Vendor::Amd).then(rtc::known_architectures);
             let gpus = inv
                 .devices
                 .into_iter()
                 .map(|d| GpuFact {
                     index: d.ordinal,
+                    vendor: d.vendor.as_str().into(),
+                    unsupported: match &known {
+                        Some(Ok(k)) if !k.contains(&d.arch) => Some(format!(
+                            "this host's ROCm ({}) cannot compile for {}; it knows {}",
+                            inv.runtime,
+                            if d.arch.is_empty() {
+                                "an unknown architecture"
+                            } else {
+                                &d.arch
+                            },
+                            k.join(", ")
+                        )),
+                        Some(Err(why)) => Some(format!("no kernel compiler: {why}")),
+                        _ => None,
+                    },
                     model: d.name,
                     memory_mib: d.memory_bytes >> 20,
+                    arch: d.arch,
                     compute_capability: format!(
                         "{}.{}",
                         d.compute_capability.0, d.compute_capability.1
@@ -246,9 +328,24 @@ fn gpus() -> (Vec<GpuFact>, Option<String>, Option<String>) {
                     dmabuf: d.dmabuf,
                 })
                 .collect();
-            (gpus, Some(inv.driver_version), None)
+            GpuProbe {
+                gpus,
+                driver: Some(inv.driver_version),
+                runtime: Some(inv.runtime),
+                absent: None,
+                absent_code: None,
+            }
         }
-        Err(e) => (vec![], None, Some(e.to_string())),
+        Err(e) => GpuProbe {
+            gpus: vec![],
+            driver: None,
+            runtime: None,
+            absent_code: Some(match e {
+                GpuError::NoHipRuntime(_) => SkipCode::NoHipRuntime,
+                _ => SkipCode::NoGpu,
+            }),
+            absent: Some(e.to_string()),
+        },
     }
 }
 
@@ -271,7 +368,9 @@ mod tests {
             rdma_devices: vec![],
             gpus: vec![],
             gpu_driver: None,
-            gpu_absent: Some("libcuda.so cannot be loaded (no NVIDIA driver)".into()),
+            gpu_runtime: None,
+            gpu_absent: Some("no GPU: NVIDIA: libcuda.so cannot be loaded (no NVIDIA driver); AMD: the HIP 5.2.21153 runtime (libamdhip64.so.5) reports no device".into()),
+            gpu_absent_code: Some(SkipCode::NoGpu),
             amd_kfd: false,
             netns: true,
             docker: true,
@@ -295,30 +394,120 @@ mod tests {
         assert!(err.detail.contains("libcuda.so"), "{err}");
     }
 
+    fn gpu(vendor: &str, model: &str, arch: &str) -> GpuFact {
+        GpuFact {
+            index: 0,
+            vendor: vendor.into(),
+            model: model.into(),
+            memory_mib: 143_771,
+            arch: arch.into(),
+            compute_capability: "9.0".into(),
+            dmabuf: true,
+            unsupported: None,
+        }
+    }
+
+    fn wanting(vendor: Option<GpuVendor>) -> HostProfile {
+        HostProfile {
+            gpu: vendor,
+            ..profile()
+        }
+    }
+
     #[test]
-    fn an_amd_gpu_without_cuda_says_rocm_is_unsupported() {
+    fn an_amd_gpu_without_a_hip_runtime_is_no_hip_runtime() {
         let f = HostFacts {
             amd_kfd: true,
+            gpu_absent: Some("the kernel lists 8 AMD GPU(s) (gfx942, …) but no HIP runtime could be loaded (tried libamdhip64.so.6: …)".into()),
+            gpu_absent_code: Some(SkipCode::NoHipRuntime),
             ..facts()
         };
         let err = f.check(Requirement::Gpu, &profile()).unwrap_err();
-        assert_eq!(err.code, SkipCode::RocmUnsupported);
-        assert!(err.detail.contains("ROCm"), "{err}");
+        assert_eq!(err.code, SkipCode::NoHipRuntime);
+        assert!(
+            err.to_string()
+                .starts_with("no-hip-runtime: the kernel lists 8 AMD GPU(s)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_profile_naming_amd_on_a_kfd_host_without_hip_is_no_hip_runtime() {
+        // A probe from before the code was reported: /dev/kfd and the profile decide it.
+        let f = HostFacts {
+            amd_kfd: true,
+            gpu_absent_code: None,
+            ..facts()
+        };
+        let err = f
+            .check(Requirement::Gpu, &wanting(Some(GpuVendor::Amd)))
+            .unwrap_err();
+        assert_eq!(err.code, SkipCode::NoHipRuntime, "{err}");
+        let err = f.check(Requirement::Gpu, &profile()).unwrap_err();
+        assert_eq!(err.code, SkipCode::NoGpu, "{err}");
+    }
+
+    #[test]
+    fn an_amd_gpu_this_rocm_cannot_compile_for_is_hip_arch_unsupported() {
+        let f = HostFacts {
+            amd_kfd: true,
+            gpus: vec![GpuFact {
+                unsupported: Some(
+                    "this host's ROCm (HIP 5.2.21153) cannot compile for gfx942".into(),
+                ),
+                ..gpu("amd", "AMD Instinct MI300X", "gfx942")
+            }],
+            gpu_absent: None,
+            gpu_absent_code: None,
+            ..facts()
+        };
+        let err = f.check(Requirement::Gpu, &profile()).unwrap_err();
+        assert_eq!(err.code, SkipCode::HipArchUnsupported);
+        assert!(
+            err.detail.contains("MI300X") && err.detail.contains("gfx942"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_profiles_vendor_decides_which_gpu_counts() {
+        let f = HostFacts {
+            gpus: vec![gpu("nvidia", "NVIDIA H200", "sm_90")],
+            gpu_absent: None,
+            gpu_absent_code: None,
+            ..facts()
+        };
+        assert_eq!(f.check(Requirement::Gpu, &wanting(None)), Ok(()));
+        assert_eq!(
+            f.check(Requirement::Gpu, &wanting(Some(GpuVendor::Nvidia))),
+            Ok(())
+        );
+        let err = f
+            .check(Requirement::Gpu, &wanting(Some(GpuVendor::Amd)))
+            .unwrap_err();
+        assert_eq!(err.code, SkipCode::NoGpu);
+        assert!(
+            err.detail.contains("`gpu: amd`") && err.detail.contains("H200"),
+            "{err}"
+        );
+        let amd = HostFacts {
+            gpus: vec![gpu("amd", "AMD Instinct MI300X", "gfx942")],
+            ..f
+        };
+        assert_eq!(
+            amd.check(Requirement::Gpu, &wanting(Some(GpuVendor::Amd))),
+            Ok(())
+        );
     }
 
     #[test]
     fn an_nvidia_gpu_meets_the_requirement_even_beside_dev_kfd() {
         let f = HostFacts {
             amd_kfd: true,
-            gpus: vec![GpuFact {
-                index: 0,
-                model: "NVIDIA H200".into(),
-                memory_mib: 143_771,
-                compute_capability: "9.0".into(),
-                dmabuf: true,
-            }],
+            gpus: vec![gpu("nvidia", "NVIDIA H200", "sm_90")],
             gpu_driver: Some("12.8".into()),
             gpu_absent: None,
+            gpu_absent_code: None,
             ..facts()
         };
         assert_eq!(f.check(Requirement::Gpu, &profile()), Ok(()));
@@ -328,5 +517,7 @@ mod tests {
     fn this_machines_probe_answers_without_panicking() {
         let f = local();
         assert_eq!(f.gpus.is_empty(), f.gpu_absent.is_some(), "{f:?}");
+        assert_eq!(f.gpus.is_empty(), f.gpu_absent_code.is_some(), "{f:?}");
+        assert_eq!(f.gpus.is_empty(), f.gpu_runtime.is_none(), "{f:?}");
     }
 }

@@ -19,6 +19,9 @@ pub struct HostProfile {
     pub description: String,
     /// Hardware this profile must have: a skip for one of these becomes a failure.
     pub must_have: Vec<Requirement>,
+    /// The GPU vendor every host has (`gpu: amd`): a host without a usable GPU of that vendor
+    /// does not meet the `gpu` requirement, and the reason names what it lacks.
+    pub gpu: Option<GpuVendor>,
     /// Lifecycle audit checks for every scenario run on this profile (added to the
     /// scenario's own `audit`).
     pub audit: Vec<crate::model::scenario::AuditCheck>,
@@ -29,6 +32,23 @@ pub struct HostProfile {
     /// Known failures, inline and from `known_failures_file`, read and checked.
     pub known: Vec<KnownFailure>,
     pub file: PathBuf,
+}
+
+/// A GPU vendor, as a profile names it.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuVendor {
+    Nvidia,
+    Amd,
+}
+
+impl GpuVendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuVendor::Nvidia => "nvidia",
+            GpuVendor::Amd => "amd",
+        }
+    }
 }
 
 /// One variant per backend, each with only its own settings.
@@ -69,6 +89,9 @@ struct ProfileFile {
     /// Hardware this profile must have: a skip for one of these becomes a failure.
     #[serde(default)]
     must_have: Vec<Requirement>,
+    /// The GPU vendor every host has: `nvidia` or `amd`.
+    #[serde(default)]
+    gpu: Option<GpuVendor>,
     /// Lifecycle audit checks for every scenario run on this profile (added to the
     /// scenario's own `audit`).
     #[serde(default)]
@@ -309,6 +332,7 @@ fn parse_file(path: &Path, text: &str) -> Result<(HostProfile, ProfileFile), Inp
         name: std::mem::take(&mut f.name),
         description: std::mem::take(&mut f.description),
         must_have: std::mem::take(&mut f.must_have),
+        gpu: f.gpu,
         audit: std::mem::take(&mut f.audit),
         backend,
         rdma_fallback: None,
@@ -551,6 +575,17 @@ mod tests {
         assert!(
             matches!(&ssh.backend, BackendSpec::Ssh { hosts, coordinator_addr } if hosts.len() == 1 && coordinator_addr.value == "10.1.0.1")
         );
+    }
+
+    #[test]
+    fn a_profile_names_its_gpu_vendor_or_gets_a_located_error() {
+        let amd = parsed("name: l\ndescription: d\nkind: local\ngpu: amd\n").unwrap();
+        assert_eq!(amd.gpu, Some(GpuVendor::Amd));
+        let any = parsed("name: l\ndescription: d\nkind: local\n").unwrap();
+        assert_eq!(any.gpu, None);
+        let why = parsed("name: l\ndescription: d\nkind: local\ngpu: intel\n").unwrap_err();
+        assert!(why.contains("p.yaml:4:6"), "file, line and column: {why}");
+        assert!(why.contains("intel"), "{why}");
     }
 
     #[test]

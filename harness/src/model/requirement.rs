@@ -30,7 +30,12 @@ pub enum SkipCode {
     NoRdmaDevice,
     RdmaPortDown,
     NoGpu,
-    RocmUnsupported,
+    /// An AMD GPU without a HIP runtime that can drive it (reports before HIP support said
+    /// `rocm-unsupported` for the same host).
+    #[serde(alias = "rocm-unsupported")]
+    NoHipRuntime,
+    /// The host's ROCm cannot compile for its GPU's architecture.
+    HipArchUnsupported,
     SingleHostProfile,
     NotRoot,
     NoNetns,
@@ -51,7 +56,8 @@ impl SkipCode {
             SkipCode::NoRdmaDevice => "no-rdma-device",
             SkipCode::RdmaPortDown => "rdma-port-down",
             SkipCode::NoGpu => "no-gpu",
-            SkipCode::RocmUnsupported => "rocm-unsupported",
+            SkipCode::NoHipRuntime => "no-hip-runtime",
+            SkipCode::HipArchUnsupported => "hip-arch-unsupported",
             SkipCode::SingleHostProfile => "single-host-profile",
             SkipCode::NotRoot => "not-root",
             SkipCode::NoNetns => "no-netns",

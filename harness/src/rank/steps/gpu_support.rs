@@ -52,22 +52,23 @@ pub(super) fn seed(ctx: &RankContext, step: usize, size: usize, n: u32, stream: 
     ctx.seed ^ (step as u64) << 56 ^ (stream as u64) << 55 ^ (size as u64) << 24 ^ n as u64
 }
 
-/// Open this rank's GPU (rank modulo the GPUs this host has) and note what it is.
+/// Open this rank's GPU (rank modulo the GPUs this host has, of whichever vendor) and note
+/// what it is. AMD kernels are compiled once per architecture into the run folder.
 pub(super) fn open(ctx: &RankContext, report: &mut StepReport) -> Result<Gpu> {
-    let count = inventory()
-        .context("this step needs an NVIDIA GPU")?
-        .devices
-        .len();
-    let gpu = Gpu::open(ctx.rank as usize % count).context("opening the GPU")?;
+    let inv = inventory().context("this step needs a GPU (NVIDIA with CUDA, or AMD with HIP)")?;
+    let ordinal = ctx.rank as usize % inv.devices.len().max(1);
+    let cache = ctx.run_dir.join("gpu-kernels");
+    let gpu = Gpu::open_with(inv, ordinal, Some(&cache)).context("opening the GPU")?;
     let i = gpu.info();
     report.notes.push(format!(
-        "rank {} on GPU {} ({}, {} MiB, compute {}.{}, CUDA driver {})",
+        "rank {} on GPU {} ({} {}, {}, {} MiB, {}, driver {})",
         ctx.rank,
         i.ordinal,
+        i.vendor,
         i.name,
+        i.arch,
         i.memory_bytes >> 20,
-        i.compute_capability.0,
-        i.compute_capability.1,
+        gpu.runtime(),
         gpu.driver_version()
     ));
     Ok(gpu)
