@@ -77,6 +77,86 @@ fn the_hip_runtime_loads_and_a_host_without_an_amd_gpu_is_a_typed_no_device() {
     }
 }
 
+/// The HIP kernels' source, run on the CPU: compiled as plain C++ with the few HIP built-ins it
+/// uses defined, and every thread of every block run in turn, as a launch of `grid` blocks of
+/// 256 would. Holds the HIP fill to the host reference and the check to a flipped byte without
+/// an AMD GPU (the PTX twin is held to the same on NVIDIA GPUs).
+#[test]
+fn hip_kernel_source_computes_the_host_reference_when_run_on_the_cpu() {
+    let Some(cxx) = ["c++", "g++", "clang++"].into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    }) else {
+        assert!(
+            std::env::var_os("WRINGER_REQUIRE_HIP").is_none(),
+            "WRINGER_REQUIRE_HIP is set but no C++ compiler was found"
+        );
+        eprintln!("skipped: no C++ compiler to run the HIP source on the CPU");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("wringer-hip-cpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = format!(
+        "#include <cstdio>\n#include <cstdlib>\n#include <vector>\n\
+         struct Dim {{ unsigned x; }};\n\
+         static Dim blockIdx, blockDim, gridDim, threadIdx;\n\
+         #define __global__\n\
+         static unsigned atomicAdd(unsigned* p, unsigned v) {{ unsigned o = *p; *p += v; return o; }}\n\
+         {}\n\
+         int main(int argc, char** argv) {{\n\
+           unsigned long long n = strtoull(argv[1], 0, 10), key = strtoull(argv[2], 0, 10);\n\
+           std::vector<unsigned char> buf(n);\n\
+           blockDim.x = 256; gridDim.x = (unsigned)((n + 255) / 256 > 1024 ? 1024 : (n + 255) / 256);\n\
+           if (gridDim.x == 0) gridDim.x = 1;\n\
+           for (blockIdx.x = 0; blockIdx.x < gridDim.x; blockIdx.x++)\n\
+             for (threadIdx.x = 0; threadIdx.x < blockDim.x; threadIdx.x++) wringer_fill(buf.data(), n, key);\n\
+           fwrite(buf.data(), 1, n, stdout);\n\
+           unsigned counts[2] = {{0, 0}};\n\
+           for (int k = 0; k < 2; k++) {{\n\
+             if (k == 1) buf[n / 2] ^= 0x40;\n\
+             for (blockIdx.x = 0; blockIdx.x < gridDim.x; blockIdx.x++)\n\
+               for (threadIdx.x = 0; threadIdx.x < blockDim.x; threadIdx.x++) wringer_check(buf.data(), n, key, &counts[k]);\n\
+           }}\n\
+           fprintf(stderr, \"%u %u\", counts[0], counts[1]);\n\
+         }}\n",
+        pattern::HIP_SOURCE
+    );
+    std::fs::write(dir.join("hip_on_cpu.cc"), src).unwrap();
+    let bin = dir.join("hip_on_cpu");
+    let out = Command::new(cxx)
+        .args(["-O2", "-std=c++17", "-o"])
+        .arg(&bin)
+        .arg(dir.join("hip_on_cpu.cc"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One block, a partial block, and more than 1024 blocks of 256 (the grid-stride loop).
+    for (len, seed) in [(1usize, 3u64), (4099, 42), ((1 << 18) + 4097, 7)] {
+        let out = Command::new(&bin)
+            .arg(len.to_string())
+            .arg(pattern::key(seed).to_string())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{len}: {out:?}");
+        assert!(
+            out.stdout == pattern::bytes(seed, len),
+            "fill at {len} != the host reference"
+        );
+        let counts = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(
+            counts, "0 1",
+            "check at {len}: clean, then one flipped byte"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Every architecture from gfx90a (MI200) on that the host's ROCm knows is compiled; the data
 /// centre ones it may not know yet (MI300 is gfx942) must be refused with a typed error, never
 /// handed to a compiler that would crash on them.
