@@ -294,7 +294,7 @@ struct GpuProbe {
 /// loaded at run time: no runtime, no GPUs). For AMD GPUs the host's ROCm must also know the
 /// architecture, or the kernels cannot be compiled.
 fn gpus() -> GpuProbe {
-    use wringer_transport::gpu::{hip::rtc, GpuError, Vendor};
+    use wringer_transport::gpu::{hip, hip::rtc, GpuError, Vendor};
     match wringer_transport::gpu::inventory() {
         Ok(inv) => {
             let known = (inv.vendor == Vendor::Amd).then(rtc::known_architectures);
@@ -325,7 +325,9 @@ fn gpus() -> GpuProbe {
                         "{}.{}",
                         d.compute_capability.0, d.compute_capability.1
                     ),
-                    dmabuf: d.dmabuf,
+                    // AMD: the runtime has the export; whether the driver takes it is tried here.
+                    dmabuf: d.dmabuf
+                        && (d.vendor != Vendor::Amd || hip::dmabuf_export_works(d.ordinal)),
                 })
                 .collect();
             GpuProbe {

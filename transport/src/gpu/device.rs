@@ -45,7 +45,8 @@ pub struct GpuInfo {
     /// NVIDIA's compute capability; on AMD the gfx major and minor version.
     pub compute_capability: (i32, i32),
     /// The device's memory can be exported as a dmabuf, which an RDMA NIC can then register
-    /// directly (NVIDIA: `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; AMD: an export tried).
+    /// directly (NVIDIA: `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; AMD: the runtime has the
+    /// export, and [`hip::dmabuf_export_works`](super::hip::dmabuf_export_works) tries one).
     pub dmabuf: bool,
 }
 
@@ -360,6 +361,7 @@ mod tests {
     fn an_amd_gpu_without_a_runtime_is_no_hip_runtime_not_no_gpu() {
         let mi300x = KfdGpu {
             arch: "gfx942".into(),
+            version: (9, 4),
             domain: 0,
             location_id: 0xc100,
         };

@@ -12,7 +12,7 @@ use cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, PinnedHostSlice
 
 use kernels::Kernels;
 
-use crate::gpu::{call, GpuError, GpuInfo, Inventory, Result, Vendor};
+use crate::gpu::{call, check_len, GpuError, GpuInfo, Inventory, Result, Vendor};
 
 /// Can libcuda be loaded here? (Nothing is called; only `dlopen` is tried.)
 pub fn libcuda_present() -> bool {
@@ -288,5 +288,3 @@ impl CudaGpu {
         call("cuStreamSynchronize", || self.stream.synchronize())
     }
 }
-
-use crate::gpu::check_len;

@@ -12,6 +12,8 @@ use std::path::Path;
 pub struct KfdGpu {
     /// "gfx942", from `gfx_target_version`.
     pub arch: String,
+    /// The gfx major and minor version (9 and 4 for gfx942).
+    pub version: (i32, i32),
     pub domain: u32,
     /// PCI bus, device and function packed as `bus << 8 | device << 3 | function`.
     pub location_id: u32,
@@ -40,6 +42,7 @@ pub fn gpus(sysfs: &Path) -> Vec<KfdGpu> {
                     index,
                     KfdGpu {
                         arch: arch_name(version),
+                        version: ((version / 10_000) as i32, (version / 100 % 100) as i32),
                         domain: field("domain").unwrap_or(0) as u32,
                         location_id: field("location_id").unwrap_or(0) as u32,
                     },

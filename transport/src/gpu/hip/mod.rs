@@ -17,15 +17,12 @@ use crate::gpu::{check_len, GpuError, GpuInfo, Inventory, Result, Vendor};
 /// Every AMD GPU the runtime sees. No runtime is [`GpuError::NoHipRuntime`], a runtime without
 /// devices [`GpuError::NoDevice`].
 pub fn inventory() -> Result<Inventory> {
-    inventory_with(runtime::get()?, Path::new("/sys"))
-}
-
-fn inventory_with(rt: &'static Runtime, sysfs: &Path) -> Result<Inventory> {
+    let rt = runtime::get()?;
     let version = rt.version()?;
     let mut count = 0;
     // SAFETY: writes one int through a valid pointer.
     let status = unsafe { (rt.get_device_count)(&mut count) };
-    let nodes = kfd::gpus(sysfs);
+    let nodes = kfd::gpus(Path::new("/sys"));
     // Without a GPU in the kernel's topology, any failure to count is "no device" (runtimes
     // differ in which status they give without /dev/kfd).
     if status == runtime::NO_DEVICE
@@ -80,37 +77,33 @@ fn describe(rt: &Runtime, ordinal: usize, nodes: &[kfd::KfdGpu]) -> Result<GpuIn
             CStr::from_ptr(pci.as_ptr()).to_string_lossy().into_owned(),
         )
     };
-    let arch = kfd::by_pci(nodes, &pci)
-        .or_else(|| nodes.get(ordinal))
-        .map(|n| n.arch.clone())
-        .unwrap_or_default();
-    let version = |from: usize| {
-        u32::from_str_radix(arch.get(from..from + 1).unwrap_or("0"), 16).unwrap_or(0) as i32
-    };
-    let major = arch
-        .get(3..arch.len().saturating_sub(2))
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(0);
-    let minor = version(arch.len().saturating_sub(2));
+    let node = kfd::by_pci(nodes, &pci).or_else(|| nodes.get(ordinal));
     Ok(GpuInfo {
         vendor: Vendor::Amd,
         ordinal,
         name,
-        arch,
+        arch: node.map(|n| n.arch.clone()).unwrap_or_default(),
         memory_bytes: memory as u64,
-        compute_capability: (major, minor),
-        dmabuf: dmabuf_exports(rt, dev),
+        compute_capability: node.map_or((0, 0), |n| n.version),
+        // Whether the export works is tried by the probe ([`dmabuf_export_works`]), not here:
+        // every rank takes an inventory, and a trial allocation would touch every GPU.
+        dmabuf: rt.mem_get_handle_for_address_range.is_some(),
     })
 }
 
-/// Can this device's memory be exported as a dmabuf? Tried on a 2 MiB allocation: the symbol
-/// exists from ROCm 5.6, and the kernel driver must support the export too.
-fn dmabuf_exports(rt: &Runtime, dev: i32) -> bool {
+/// Can GPU `ordinal`'s memory be exported as a dmabuf? Tried on a 2 MiB allocation: the
+/// runtime must have `hipMemGetHandleForAddressRange` (ROCm 5.6 and newer), and the kernel
+/// driver must support the export too.
+pub fn dmabuf_export_works(ordinal: usize) -> bool {
+    let Ok(rt) = runtime::get() else {
+        return false;
+    };
     let Some(export) = rt.mem_get_handle_for_address_range else {
         return false;
     };
-    // SAFETY: selects the device for this thread's later calls.
-    if unsafe { (rt.set_device)(dev) } != runtime::SUCCESS {
+    // SAFETY: selects a device for this thread's later calls; an ordinal that does not exist
+    // is an error status, not undefined behaviour.
+    if unsafe { (rt.set_device)(ordinal as i32) } != runtime::SUCCESS {
         return false;
     }
     let mut ptr: *mut c_void = std::ptr::null_mut();
@@ -141,7 +134,7 @@ fn dmabuf_exports(rt: &Runtime, dev: i32) -> bool {
 }
 
 /// Device memory from `hipMalloc` (exportable as a dmabuf where the driver allows it).
-pub struct HipDevice {
+pub(crate) struct HipDevice {
     ptr: *mut c_void,
     len: usize,
     rt: &'static Runtime,
@@ -155,10 +148,6 @@ unsafe impl Sync for HipDevice {}
 impl HipDevice {
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     #[cfg(feature = "rdma")]
@@ -177,7 +166,7 @@ impl Drop for HipDevice {
 
 /// Page-locked host memory from `hipHostMalloc` (coherent, not write-combined: the CPU reads
 /// it to send it).
-pub struct HipPinned {
+pub(crate) struct HipPinned {
     ptr: *mut u8,
     len: usize,
     rt: &'static Runtime,
@@ -203,10 +192,6 @@ impl HipPinned {
     pub fn len(&self) -> usize {
         self.len
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 impl Drop for HipPinned {
@@ -217,7 +202,7 @@ impl Drop for HipPinned {
 }
 
 /// One AMD GPU: its stream and the pattern kernels loaded for its architecture.
-pub struct HipGpu {
+pub(crate) struct HipGpu {
     rt: &'static Runtime,
     device: i32,
     stream: Stream,

@@ -169,19 +169,17 @@ fn list_isas(lib: &Library) -> std::result::Result<Vec<String>, String> {
 /// compiled it, else compiled and written there.
 pub fn code_object(arch: &str, cache: Option<&Path>) -> Result<Vec<u8>> {
     let file = cache.map(|dir| cache_file(dir, arch));
-    if let Some(f) = &file {
-        if let Ok(bytes) = std::fs::read(f) {
-            if bytes.starts_with(b"\x7fELF") {
-                return Ok(bytes);
-            }
+    if let Some(bytes) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+        if bytes.starts_with(b"\x7fELF") {
+            return Ok(bytes);
         }
     }
     let code = compile(arch)?;
-    if let Some(f) = &file {
+    if let (Some(dir), Some(f)) = (cache, &file) {
         // A cache that cannot be written costs a compile next time, nothing more; written
         // whole then renamed, so a concurrent rank never reads half a file.
         let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::create_dir_all(f.parent().unwrap_or(Path::new(".")))
+        if std::fs::create_dir_all(dir)
             .and_then(|_| std::fs::write(&tmp, &code))
             .and_then(|_| std::fs::rename(&tmp, f))
             .is_err()
