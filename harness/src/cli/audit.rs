@@ -25,8 +25,8 @@ pub struct Args {
     /// How long the command may run before it is stopped (and its stacks taken).
     #[arg(long, default_value = "60s", value_parser = |s: &str| HumanDuration::parse(s))]
     pub deadline: HumanDuration,
-    /// The exit status the command must end with.
-    #[arg(long, default_value_t = 0)]
+    /// The exit status the command must end with (0 to 255: what a process can exit with).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..=255))]
     pub exit: i32,
     /// Repeat the command N times (1 to 10,000).
     #[arg(long, value_parser = |s: &str| s.parse::<u32>().map_err(|e| wringer::model::invalid::Invalid(e.to_string())).and_then(wringer::model::scenario::check_repeat))]
@@ -83,8 +83,10 @@ fn scenario(a: &Args, checks: &[AuditCheck]) -> serde_json::Value {
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
+    // The scenario's name only labels the report: the program's own name, cut to fit.
     let slug: String = name
         .chars()
+        .take(48)
         .map(|c| {
             if c.is_ascii_alphanumeric() {
                 c.to_ascii_lowercase()
@@ -125,6 +127,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         )
         .into());
     }
+    // A fault strikes at a point a step reports or an output line an exec role names; an
+    // audited command has neither, so a `--fault` could only be dropped: refuse it.
+    if let Some(f) = a.replay.fault.first() {
+        return Err(wringer::model::input::InputError::Flag {
+            flag: format!("--fault '{}'", runner::flow_yaml(f)),
+            message: "`wringer audit` runs one command, which reports no named points for a fault to strike at; put the command in a scenario file (an exec role with `faults:`) and use `wringer run`".into(),
+        }
+        .into());
+    }
     let mut checks: Vec<AuditCheck> = a.checks.iter().map(|c| (*c).into()).collect();
     if checks.is_empty() {
         checks = vec![AuditCheck::FdLifecycle, AuditCheck::Leaks];
@@ -153,6 +164,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     if a.ranks > 1 {
         head.extend(["--ranks".into(), a.ranks.to_string()]);
+    }
+    // What the command must do and within what time are part of what failed: a pasted line
+    // without them would judge it by other rules.
+    head.extend(["--deadline".into(), a.deadline.to_string()]);
+    if a.exit != 0 {
+        head.extend(["--exit".into(), a.exit.to_string()]);
     }
     let mut tail = vec!["--".to_string()];
     tail.extend(a.command.iter().cloned());

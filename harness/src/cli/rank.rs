@@ -51,7 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if let Some(prefix) = &verbs_trace {
         wringer::rank::verbs_observer::preload_self(prefix)?;
     }
-    match (slurm, rank) {
+    let code = match (slurm, rank) {
         (Some(layout), _) => wringer::rank::slurm_task::run(
             rendezvous,
             &layout,
@@ -66,5 +66,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             wringer::rank::worker::run(rendezvous, rank, bind, token_stdin).map(|()| 0)
         }
         (None, None) => Err(anyhow::anyhow!("`wringer rank` needs --rank or --slurm")),
-    }
+    };
+    wringer::rank::verbs_observer::remove_written();
+    code
 }

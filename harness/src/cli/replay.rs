@@ -3,6 +3,7 @@
 
 use wringer::hosts::profile::HostProfile;
 use wringer::model::duration::HumanDuration;
+use wringer::model::input::InputError;
 use wringer::model::invalid::Invalid;
 use wringer::model::scenario::{Fault, Perturb};
 use wringer::orchestration::runner::{self, RunOptions};
@@ -54,6 +55,23 @@ impl ReplayArgs {
     }
 }
 
+/// `--fault` overrides get every check a fault in the scenario file gets, against each
+/// scenario they replace the faults of: bad input (exit 2) naming the flag, never a run that
+/// fails with "never struck".
+pub fn check_overrides(scenarios: &[Loaded], r: &ReplayArgs) -> Result<(), InputError> {
+    for l in scenarios {
+        for f in &r.fault {
+            if let Err(why) = wringer::model::scenario::fault_problem(&l.scenario, f) {
+                return Err(InputError::Flag {
+                    flag: format!("--fault '{}'", runner::flow_yaml(f)),
+                    message: format!("for {}: {why}", l.path.display()),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 fn parse_perturb(s: &str) -> Result<Perturb, Invalid> {
     let p: Perturb =
         serde_saphyr::from_str(s).map_err(|e| Invalid(format!("--perturb `{s}`: {e}")))?;
@@ -79,22 +97,22 @@ pub fn shrink(
     a: &ReplayArgs,
 ) -> anyhow::Result<i32> {
     if opts.seed.is_none() || opts.attempt.is_none() {
-        return Err(wringer::model::input::InputError::plain(
-            std::path::Path::new("<command line>"),
-            "a shrink needs --seed and --attempt: the failed attempt's replay line gives both"
-                .to_string(),
-        )
+        return Err(InputError::Flag {
+            flag: "--shrink".into(),
+            message: "a shrink needs --seed and --attempt: the failed attempt's replay line gives both".into(),
+        }
         .into());
     }
     let chosen: Vec<Loaded> = scenarios
         .into_iter()
         .filter(|l| runner::selects(opts.filter.as_deref(), l))
         .collect();
-    let [loaded] = <[Loaded; 1]>::try_from(chosen).map_err(|v| {
-        anyhow::anyhow!(
-            "--shrink takes one scenario; {} were given (name one file, or --filter)",
+    let [loaded] = <[Loaded; 1]>::try_from(chosen).map_err(|v| InputError::Flag {
+        flag: "--shrink".into(),
+        message: format!(
+            "takes one scenario; {} were given (name one file, or --filter)",
             v.len()
-        )
+        ),
     })?;
     let dir = shrink::folder(opts.report_dir.as_deref());
     let budget = a.shrink_budget.0;
@@ -111,6 +129,7 @@ pub fn shrink(
     let out = shrink::shrink(&loaded, profile, &opts, a.shrink_replays, budget, &dir)?;
     let line = opts.rerun.line(
         &loaded.path,
+        runner::release_env(&loaded),
         opts.seed.unwrap_or(0),
         opts.attempt.unwrap_or(0),
         &out.end.perturb,

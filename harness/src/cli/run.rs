@@ -49,6 +49,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let profile = hosts::load(&a.hosts)?;
     let scenarios = super::scenarios::load_all(&a.paths)?;
+    super::replay::check_overrides(&scenarios, &a.replay)?;
     let rerun = runner::Rerun {
         head: vec![
             "wringer".into(),

@@ -225,10 +225,12 @@ pub fn prepare_with(profile: &HostProfile, cx: &Prepare) -> Result<Placement> {
             } else {
                 1
             };
-            let folder = cx
-                .dir
-                .map(|d| d.join("vm"))
-                .unwrap_or_else(|| std::env::temp_dir().join(format!("wringer-vm-{run_id}")));
+            // Without a report folder, a fresh private one (never a name in /tmp another user
+            // could make first: the VM runs its scripts as root).
+            let folder = match cx.dir {
+                Some(d) => d.join("vm"),
+                None => crate::hosts::private::fresh_dir(&format!("wringer-vm-{run_id}"))?,
+            };
             Ok(Arc::new(vm::boot(profile, count, &folder)?))
         }
         BackendSpec::Containers(spec) => {

@@ -561,8 +561,13 @@ fn vng(
         ])
         .arg(folder)
         .arg(format!("--qemu-opts={qemu}"))
+        // The guest's shell splits this line again: the path goes as one quoted word, so a
+        // report folder's name can hold any character without running anything.
         .arg("--exec")
-        .arg(format!("sh {}", script.display()))
+        .arg(format!(
+            "sh -- {}",
+            crate::hosts::ssh::quote(&script.display().to_string())
+        ))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -17,6 +17,9 @@ pub enum InputError {
     },
     #[error("{file}: {message}")]
     Plain { file: PathBuf, message: String },
+    /// A command-line flag's value: named by the flag, as a file's by its line and column.
+    #[error("{flag}: {message}")]
+    Flag { flag: String, message: String },
 }
 
 impl InputError {

@@ -14,13 +14,20 @@ pub const MAX_LEN: usize = 100;
 pub fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
-            if c.is_control() {
+            if hidden(c) {
                 c.escape_default().collect::<Vec<_>>()
             } else {
                 vec![c]
             }
         })
         .collect()
+}
+
+/// Characters a terminal or a page does not show as themselves: controls, and the
+/// bidirectional marks and overrides that reorder the text around them (Trojan Source).
+pub fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{061c}')
 }
 
 /// What is wrong with `name`, if anything.

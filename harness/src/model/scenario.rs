@@ -318,6 +318,13 @@ impl Perturb {
             if !(p > 0.0 && p <= 1.0) {
                 return Err(format!("probability must be in (0, 1], got {p}").into());
             }
+            // A replay spells p as every round(1/p)-th call, and strace counts to 65535.
+            if (1.0 / p).round() > 65535.0 {
+                return Err(format!(
+                    "probability {p} is rarer than strace can inject (every 65535th call at most): use at least 0.0000153"
+                )
+                .into());
+            }
         }
         if let Some(w) = &self.when {
             if self.probability.is_some() {
@@ -353,11 +360,13 @@ fn listed<T: AsRef<str>>(names: &[T], intro: &str, none: &str) -> String {
 
 /// A `when` expression: first[..last][+step], counted from 1.
 pub fn parse_when(w: &str) -> Result<(u64, Option<u64>, Option<u64>), String> {
+    // Digits only: strace reads the expression as it is, so a space or a sign that Rust's
+    // parser would forgive is refused here rather than by strace at run time.
     let num = |s: &str| -> Result<u64, String> {
-        let n: u64 = s
-            .trim()
-            .parse()
-            .map_err(|_| format!("`{s}` is not a count"))?;
+        if s.is_empty() || s.len() > 5 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("`{s}` is not a count (digits only, no spaces)"));
+        }
+        let n: u64 = s.parse().map_err(|_| format!("`{s}` is not a count"))?;
         if !(1..=65535).contains(&n) {
             return Err(format!("{n} is out of 1..=65535 (strace's range)"));
         }
@@ -683,48 +692,9 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
             ));
         }
     }
-    let mut points: Vec<String> = s.steps.iter().flat_map(|st| st.value.points()).collect();
-    points.sort();
-    points.dedup();
     for fault in &s.faults {
-        if !points.contains(&fault.value.at) {
-            let known = listed(
-                &points,
-                "its steps report",
-                "no step of this scenario reports a point a fault could strike at",
-            );
-            return Err(located(
-                path,
-                &fault.referenced,
-                format!(
-                    "fault at `{}`: no step reaches that point, so the fault would never strike; {known}",
-                    fault.value.at
-                ),
-            ));
-        }
-        if let Err(why) = fault.value.action.check() {
-            return Err(located(
-                path,
-                &fault.referenced,
-                format!("fault: {}", why.0),
-            ));
-        }
-        if fault.value.action == FaultAction::QpError && !observed {
-            return Err(located(
-                path,
-                &fault.referenced,
-                QP_ERROR_NEEDS_OBSERVER.into(),
-            ));
-        }
-        if fault.value.rank >= ranks {
-            return Err(located(
-                path,
-                &fault.referenced,
-                format!(
-                    "fault names rank {}, the scenario has {ranks}",
-                    fault.value.rank
-                ),
-            ));
+        if let Err(why) = fault_problem(s, &fault.value) {
+            return Err(located(path, &fault.referenced, why));
         }
     }
     let produced: Vec<Metric> = s
@@ -755,6 +725,38 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
                 format!("`{metric}`: {why}"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// What is wrong with a scenario-level fault in `s`, if anything: the same checks for one
+/// read from the file and one given with `--fault`.
+pub fn fault_problem<S: StepSpec + Named>(s: &Scenario<S>, fault: &Fault) -> Result<(), String> {
+    let mut points: Vec<String> = s.steps.iter().flat_map(|st| st.value.points()).collect();
+    points.sort();
+    points.dedup();
+    if !points.contains(&fault.at) {
+        let known = listed(
+            &points,
+            "its steps report",
+            "no step of this scenario reports a point a fault could strike at",
+        );
+        return Err(format!(
+            "fault at `{}`: no step reaches that point, so the fault would never strike; {known}",
+            fault.at
+        ));
+    }
+    if let Err(why) = fault.action.check() {
+        return Err(format!("fault: {}", why.0));
+    }
+    if fault.action == FaultAction::QpError && !s.audit.contains(&AuditCheck::VerbsLifecycle) {
+        return Err(QP_ERROR_NEEDS_OBSERVER.into());
+    }
+    if fault.rank >= s.ranks.value {
+        return Err(format!(
+            "fault names rank {}, the scenario has {}",
+            fault.rank, s.ranks.value
+        ));
     }
     Ok(())
 }
@@ -800,7 +802,9 @@ mod tests {
         assert_eq!(parse_when("3"), Ok((3, None, None)));
         assert_eq!(parse_when("3..9+2"), Ok((3, Some(9), Some(2))));
         assert_eq!(parse_when("1+4"), Ok((1, None, Some(4))));
-        for bad in ["0", "9..3", "x", "3+", "70000", "-1"] {
+        for bad in [
+            "0", "9..3", "x", "3+", "70000", "-1", "3 ", " 3", "3.. 9", "3 +2", "+3", "3++2", "",
+        ] {
             assert!(parse_when(bad).is_err(), "{bad}");
         }
     }
@@ -812,6 +816,11 @@ mod tests {
             .is_ok());
         let both = perturb("{ syscall: poll, delay_exit: 1ms, when: \"2\", probability: 0.5 }");
         assert!(both.check().unwrap_err().0.contains("not both"));
+        let rare = perturb("{ syscall: poll, delay_exit: 1ms, probability: 0.000001 }");
+        assert!(rare.check().unwrap_err().0.contains("rarer than strace"));
+        assert!(perturb("{ syscall: poll, delay_exit: 1ms, probability: 0.0000153 }")
+            .check()
+            .is_ok());
         let bad = perturb("{ syscall: poll, delay_exit: 1ms, when: \"0\" }");
         assert!(bad.check().unwrap_err().0.contains("when `0`"));
     }

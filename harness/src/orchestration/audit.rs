@@ -122,8 +122,18 @@ pub fn strace_command(
             inject_expr(&p.exact(seed.wrapping_add(i as u64)))
         ));
     }
-    args.extend(["-o".into(), out.display().to_string(), "--".into()]);
+    args.extend(["-o".into(), path_word(out), "--".into()]);
     args
+}
+
+/// A path as a word for a tool that reads some names as commands or options: strace runs an
+/// `-o` name starting with `!` or `|` through `sh -c`, and any tool reads `-x` as an option. An
+/// absolute path (or, failing that, `./`-prefixed) is never either.
+pub fn path_word(p: &Path) -> String {
+    match std::path::absolute(p) {
+        Ok(a) => a.display().to_string(),
+        Err(_) => Path::new(".").join(p).display().to_string(),
+    }
 }
 
 /// The words that run a rank under the syscall recorder, before its own command: `exe
@@ -143,8 +153,7 @@ pub fn tracer_command(
     let mut w = vec![
         exe.to_string(),
         "trace-syscalls".into(),
-        "--out".into(),
-        out.display().to_string(),
+        format!("--out={}", path_word(out)),
     ];
     if checks.contains(&AuditCheck::UnboundedWaits) {
         w.push("--futex".into());

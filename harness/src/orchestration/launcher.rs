@@ -78,6 +78,9 @@ pub struct RankGroup {
     pgid: i32,
     rendezvous: SocketAddr,
     killed: bool,
+    /// This run's private folder on every remote host (0700, named from the run's secret
+    /// token): remote traces and verbs traces are written, read back and removed only there.
+    remote_dir: String,
     /// The ranks' Slurm step, when Slurm places them,
     step: Option<SlurmStep>,
     /// and what went wrong cancelling it (reported with the leftovers).
@@ -104,16 +107,23 @@ impl RankGroup {
             placement: placement.clone(),
             pgid: 0,
             rendezvous,
+            remote_dir: format!(
+                "/tmp/{}",
+                crate::hosts::private::run_folder_name("run", token)
+            ),
             killed: false,
             step: None,
             step_problems: vec![],
         };
+        if (group.traced || group.verbs) && !matches!(placement.launch(), Launch::Step(_)) {
+            group.make_remote_dirs()?;
+        }
         if let Launch::Step(slurm) = placement.launch() {
             // Each task's supervisor runs its rank under strace; `{rank}` in the trace's path
             // becomes the task's rank there.
             let trace = tracing
                 .filter(|t| t.syscalls())
-                .map(|t| t.command(&slurm.exe, Path::new(&remote_trace(rendezvous, "{rank}"))));
+                .map(|t| t.command(&slurm.exe, Path::new(&group.remote_trace("{rank}"))));
             let logs = (0..ranks)
                 .map(|r| File::create(log_dir.join(format!("rank-{r}.log"))))
                 .collect::<std::io::Result<Vec<_>>>()?;
@@ -174,7 +184,7 @@ impl RankGroup {
                         .map(|b| vec!["env".into(), format!("WRINGER_TRANSPORT_BUG={b}")])
                         .unwrap_or_default();
                     words.extend(match tracing.filter(|t| t.syscalls()) {
-                        Some(t) => t.command(&h.exe, Path::new(&remote_trace(rendezvous, rank))),
+                        Some(t) => t.command(&h.exe, Path::new(&group.remote_trace(rank))),
                         None => vec![],
                     });
                     words.push(h.exe.clone());
@@ -402,7 +412,7 @@ impl RankGroup {
     /// rank's host.
     pub fn verbs_prefix(&self, rank: u32) -> String {
         match self.target(rank) {
-            Some(_) => format!("/tmp/wringer-verbs-{}-rank-{rank}", self.rendezvous.port()),
+            Some(_) => format!("{}/verbs-rank-{rank}", self.remote_dir),
             None => self
                 .log_dir
                 .join(format!("rank-{rank}"))
@@ -474,14 +484,14 @@ impl RankGroup {
     pub fn fetch_trace(&self, rank: u32) -> Result<String> {
         let local = self.trace_path(rank);
         if let Some(h) = self.target(rank) {
-            let remote = remote_trace(self.rendezvous, rank);
+            let remote = self.remote_trace(rank);
             let text = h
                 .target
-                .check(&["cat", &remote], Duration::from_secs(60))
+                .check(&["cat", "--", &remote], Duration::from_secs(60))
                 .with_context(|| format!("fetching {remote} from {}", h.target.name))?;
             let _ = h
                 .target
-                .run(&["rm", "-f", &remote], Duration::from_secs(10));
+                .run(&["rm", "-f", "--", &remote], Duration::from_secs(10));
             std::fs::write(&local, &text)?;
             return Ok(text);
         }
@@ -508,6 +518,33 @@ impl RankGroup {
 }
 
 impl RankGroup {
+    /// Make (or check) this run's private folder on every remote host, before any rank
+    /// writes there.
+    fn make_remote_dirs(&self) -> Result<()> {
+        for h in self.placement.hosts() {
+            h.target
+                .check(
+                    &[
+                        "sh",
+                        "-c",
+                        crate::hosts::private::ENSURE_DIR_SCRIPT,
+                        "sh",
+                        &self.remote_dir,
+                    ],
+                    Duration::from_secs(30),
+                )
+                .with_context(|| {
+                    format!("making the private folder {} on {}", self.remote_dir, h.target.name)
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Where a remote rank's syscall trace is written on its host.
+    fn remote_trace(&self, rank: impl std::fmt::Display) -> String {
+        format!("{}/rank-{rank}.strace", self.remote_dir)
+    }
+
     /// The PIDs (each leads its process group) of the ranks on remote host `host`.
     fn pids_on(&self, host: usize) -> Vec<u32> {
         self.procs
@@ -535,16 +572,15 @@ impl RankGroup {
 impl Drop for RankGroup {
     fn drop(&mut self) {
         self.kill_all();
+        if self.traced || self.verbs {
+            for h in self.placement.hosts() {
+                let _ = h.target.run(
+                    &["rm", "-rf", "--", &self.remote_dir],
+                    Duration::from_secs(10),
+                );
+            }
+        }
     }
-}
-
-/// Where a remote rank's trace is written on its host (unique per attempt: the rendezvous
-/// port is).
-fn remote_trace(rendezvous: SocketAddr, rank: impl std::fmt::Display) -> String {
-    format!(
-        "/tmp/wringer-trace-{}-rank-{rank}.strace",
-        rendezvous.port()
-    )
 }
 
 /// The transport bug a `bug-injection` build's tests switch on, when set (lower-case words and

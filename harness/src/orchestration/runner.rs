@@ -64,9 +64,13 @@ pub struct Rerun {
 impl Rerun {
     /// The line that reruns attempt `attempt` of `seed` alone, with `perturb` and `faults`
     /// spelled out (`--shrink` makes it the shrink command).
+    /// `release`: the variable and folder that pin the release the scenario ran against (a
+    /// torch scenario runs once per installed release), put before the command.
+    #[allow(clippy::too_many_arguments)]
     pub fn line(
         &self,
         file: &Path,
+        release: Option<(&str, &Path)>,
         seed: u64,
         attempt: u32,
         perturb: &[Perturb],
@@ -74,6 +78,11 @@ impl Rerun {
         shrink: bool,
     ) -> String {
         let mut w: Vec<String> = self.head.clone();
+        if let Some(i) = w.iter().position(|x| x == "--hosts") {
+            if let Some(h) = w.get_mut(i + 1) {
+                *h = path_arg(Path::new(h.as_str()));
+            }
+        }
         w.extend(["--seed".into(), seed.to_string()]);
         w.extend(["--attempt".into(), attempt.to_string()]);
         for p in perturb {
@@ -89,12 +98,29 @@ impl Rerun {
         }
         match &self.tail {
             Some(t) => w.extend(t.iter().cloned()),
-            None => w.push(file.display().to_string()),
+            None => w.push(path_arg(file)),
         }
-        w.iter()
-            .map(|x| shell_word(x))
-            .collect::<Vec<_>>()
-            .join(" ")
+        let words = w.iter().map(|x| shell_word(x));
+        // An assignment before the command: the variable's name bare, its value quoted.
+        let env = release.map(|(var, root)| format!("{var}={}", shell_word(&root.display().to_string())));
+        env.into_iter().chain(words).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// The variable and folder that pin the release a scenario copy runs against, if any.
+pub fn release_env<S>(l: &crate::model::scenario::Loaded<S>) -> Option<(&'static str, &Path)> {
+    let family = l.scenario.releases?;
+    let r = l.scenario.release.as_ref()?;
+    Some((crate::hosts::releases::variable(family), r.root.as_path()))
+}
+
+/// A path as a command-line word that no parser reads as an option: `-x.yaml` is `./-x.yaml`.
+pub fn path_arg(p: &Path) -> String {
+    let s = p.display().to_string();
+    if s.starts_with('-') {
+        format!("./{s}")
+    } else {
+        s
     }
 }
 
@@ -127,17 +153,39 @@ pub fn flow_yaml<T: serde::Serialize>(x: &T) -> String {
         .unwrap_or_default()
 }
 
-/// `x` as one shell word: quoted when it holds anything but plain characters.
+/// `x` as one shell word: quoted when it holds anything but plain characters. A word with a
+/// control or a bidirectional-text character is written `$'…'` with those escaped, so the
+/// line shows what it runs (an override cannot reorder it on the screen) and pastes back the
+/// same bytes.
 pub fn shell_word(x: &str) -> String {
     let plain = !x.is_empty()
         && x.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c));
     if plain {
         x.to_string()
+    } else if x.chars().any(hidden) {
+        let mut out = String::from("$'");
+        for c in x.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\'' => out.push_str("\\'"),
+                // Byte by byte (`\xHH`): the same bytes whatever the shell's locale.
+                c if hidden(c) => {
+                    for b in c.to_string().bytes() {
+                        out.push_str(&format!("\\x{b:02x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('\'');
+        out
     } else {
         format!("'{}'", x.replace('\'', "'\\''"))
     }
 }
+
+use crate::model::name::hidden;
 
 /// Run the scenarios; returns the process exit code (0 pass/skip, 1 any failure).
 pub fn run(
@@ -601,7 +649,7 @@ fn run_scenario(
             let line = |shrink| {
                 cx.opts
                     .rerun
-                    .line(&loaded.path, cx.seed, index, &exact, &own_faults, shrink)
+                    .line(&loaded.path, release_env(loaded), cx.seed, index, &exact, &own_faults, shrink)
             };
             result.evidence.replays.push(Replay {
                 repeat,
@@ -893,7 +941,7 @@ mod tests {
             serde_saphyr::from_str("{ syscall: poll, delay_exit: 100us, when: \"3+2\" }").unwrap();
         let f: Fault =
             serde_saphyr::from_str("{ rank: 1, at: mid-stream, action: sigkill }").unwrap();
-        let line = rerun.line(Path::new("scenarios/x.yaml"), 42, 3, &[p], &[f], false);
+        let line = rerun.line(Path::new("scenarios/x.yaml"), None, 42, 3, &[p], &[f], false);
         assert_eq!(
             line,
             "wringer run --hosts hosts/local.yaml --seed 42 --attempt 3 \

@@ -116,11 +116,20 @@ pub struct RankContext {
     pub listener: Listener,
     pub raw: TcpListener,
     pub control: Control,
-    /// A folder for this repeat's external programs, shared by the ranks of one host.
-    pub run_dir: std::path::PathBuf,
+    /// A folder for this repeat's external programs, shared by the ranks of one host: named
+    /// from the run's secret token, so nobody else can make it first (see [`Self::run_dir`]).
+    pub run_folder: std::path::PathBuf,
 }
 
 impl RankContext {
+    /// This repeat's folder for external programs (torch's FileStore, the GPU kernel cache),
+    /// made private (0700) here, or checked to be this user's private folder when a rank of the
+    /// same host made it first: a file in it is never one another user planted.
+    pub fn run_dir(&self) -> Result<std::path::PathBuf> {
+        crate::hosts::private::ensure_dir(&self.run_folder)?;
+        Ok(self.run_folder.clone())
+    }
+
     /// Two-party steps run between ranks 0 and 1; every other rank sits them out.
     pub fn in_pair(&self) -> bool {
         self.rank <= 1

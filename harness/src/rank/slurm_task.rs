@@ -8,6 +8,8 @@
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 
+use std::path::Path;
+
 use anyhow::{bail, Context, Result};
 
 use crate::hosts::slurm::{Layout, EXIT_MARKER};
@@ -33,6 +35,16 @@ pub fn run(rendezvous: SocketAddr, layout: &str, binding: Binding, trace: &[Stri
     crate::rank::worker::run(rendezvous, rank, bind, true).map(|()| 0)
 }
 
+/// Where the recorder's words send its trace: strace's `-o PATH` or `trace-syscalls`'s
+/// `--out=PATH`.
+fn trace_output(words: &[String]) -> Option<&Path> {
+    words.iter().enumerate().find_map(|(i, w)| match w.strip_prefix("--out=") {
+        Some(p) => Some(Path::new(p)),
+        None if w == "-o" => words.get(i + 1).map(Path::new),
+        None => None,
+    })
+}
+
 /// Start this same command as the rank (under `trace` when given), wait for it, print its
 /// status, and end as it did.
 fn supervise(trace: &[String]) -> Result<u8> {
@@ -40,9 +52,14 @@ fn supervise(trace: &[String]) -> Result<u8> {
     let rank = std::env::var("SLURM_PROCID").unwrap_or_default();
     let mut child = match trace.split_first() {
         Some((program, words)) => {
+            let words: Vec<String> = words.iter().map(|w| w.replace("{rank}", &rank)).collect();
+            // The trace goes into the run's private folder on this node: made here (0700), or
+            // refused when someone else made that name first.
+            if let Some(dir) = trace_output(&words).and_then(|p| p.parent().map(Path::to_owned)) {
+                crate::hosts::private::ensure_dir(&dir)?;
+            }
             let mut c = std::process::Command::new(program);
-            c.args(words.iter().map(|w| w.replace("{rank}", &rank)))
-                .arg(exe);
+            c.args(words).arg(exe);
             c
         }
         None => std::process::Command::new(exe),

@@ -40,8 +40,8 @@ pub fn preload_self(prefix: &str) -> Result<()> {
     let Some((observer, scope)) = OBSERVER else {
         bail!("this wringer was built without the verbs observer (install libibverbs-dev and librdmacm-dev, then rebuild)");
     };
-    let lib = write_out(observer, "wringer-verbs")?;
-    std::env::set_var(SCOPE_ENV, write_out(scope, "wringer-verbs-scope")?);
+    let (lib, scope) = write_out(observer, scope)?;
+    std::env::set_var(SCOPE_ENV, scope);
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(p) if !p.is_empty() => format!("{}:{p}", lib.display()),
         _ => lib.display().to_string(),
@@ -60,20 +60,31 @@ pub fn preload_self(prefix: &str) -> Result<()> {
     Err(std::io::Error::last_os_error()).context("re-executing the rank with the verbs observer")
 }
 
-/// The observer, written once per content on this host (named by its hash, renamed into
-/// place, so concurrent ranks never see half a file).
-fn write_out(bytes: &[u8], name: &str) -> Result<PathBuf> {
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    let path = std::env::temp_dir().join(format!("{name}-{hash:016x}.so"));
-    if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64) {
-        return Ok(path);
+/// Where this process wrote the observer: a fresh private folder (`mkdtemp`, 0700), so no file
+/// another user placed in `$TMPDIR` is ever preloaded. Programs the rank starts load the
+/// observer from it at their exec, so it lives as long as the rank; [`remove_written`] removes
+/// it when the rank is done.
+pub const DIR_ENV: &str = "WRINGER_VERBS_DIR";
+
+/// The observer and its scope written new (`O_EXCL|O_NOFOLLOW`) into a fresh private folder.
+fn write_out(observer: &[u8], scope: &[u8]) -> Result<(PathBuf, PathBuf)> {
+    let dir = crate::hosts::private::fresh_dir("wringer-verbs")?;
+    std::env::set_var(DIR_ENV, &dir);
+    let lib = dir.join("libwringer-verbs.so");
+    let scope_lib = dir.join("libwringer-verbs-scope.so");
+    crate::hosts::private::write_new(&lib, observer, 0o500)?;
+    crate::hosts::private::write_new(&scope_lib, scope, 0o500)?;
+    Ok((lib, scope_lib))
+}
+
+/// Remove the folder this rank wrote the observer into (its programs have ended by now).
+pub fn remove_written() {
+    if let Some(dir) = std::env::var_os(DIR_ENV) {
+        let dir = PathBuf::from(dir);
+        if crate::hosts::private::check_dir(&dir).is_ok() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
-    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("placing {}", path.display()))?;
-    Ok(path)
 }
 
 /// Mark a point in this process's verbs trace (a step's start and end bound its leak check).

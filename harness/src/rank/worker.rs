@@ -78,7 +78,8 @@ pub fn run(rendezvous: SocketAddr, rank: u32, bind: IpAddr, token_stdin: bool) -
             }
         })?;
     let ctx = RankContext {
-        run_dir: std::env::temp_dir().join(format!("wringer-exec-{}", rendezvous.port())),
+        run_folder: std::env::temp_dir()
+            .join(crate::hosts::private::run_folder_name("exec", token)),
         rank,
         ranks: peers.len() as u32,
         peers,

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::model::bench::BenchReport;
-use crate::model::input::{read_bytes, FileKind};
+use crate::model::input::{read_bytes, FileKind, InputError};
 use crate::model::metric::{Better, SampleKey, Series as MetricSeries, Unit};
 use crate::model::result::{ScenarioResult, Verdict};
 
@@ -75,8 +75,8 @@ pub struct Regression {
 pub fn load_run(dir: &Path) -> Result<Run> {
     let path = dir.join("results.json");
     let bytes = read_bytes(&path, FileKind::Results)?;
-    let mut run: Run = serde_json::from_slice(&bytes)
-        .with_context(|| format!("{} is not a wringer results.json", path.display()))?;
+    let mut run: Run = read_back(&path, &bytes)?;
+    check_run(&path, &run)?;
     run.dir = dir.to_owned();
     let bench = dir.join("bench.json");
     if bench.exists() {
@@ -86,6 +86,57 @@ pub fn load_run(dir: &Path) -> Result<Run> {
         );
     }
     Ok(run)
+}
+
+/// `results.json` parsed, or bad input that names the field and where it is.
+fn read_back<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, InputError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        InputError::Located {
+            file: path.to_owned(),
+            line: inner.line() as u64,
+            column: inner.column() as u64,
+            message: format!(
+                "not a wringer results.json: field `{field}`: {inner}"
+            ),
+        }
+    })
+}
+
+/// The longest text of one field the page shows from a results file: a run's own reasons
+/// and notes are far shorter; a longer one is not a file wringer wrote.
+const MAX_TEXT: usize = 1 << 20;
+
+/// What a results file read back must hold before a page is made of it: names that are names
+/// (they become element ids and file names), texts of bounded size.
+fn check_run(path: &Path, run: &Run) -> Result<(), InputError> {
+    let bad = |field: String, why: String| InputError::plain(path, format!("field `{field}`: {why}"));
+    for (field, name) in [("run_id", &run.run_id), ("host_profile", &run.host_profile)] {
+        crate::model::name::check(name).map_err(|e| bad(field.into(), e.0))?;
+    }
+    let long = |t: &str| t.len() > MAX_TEXT;
+    let too_long = || format!("over {} KiB, longer than any text a run writes", MAX_TEXT >> 10);
+    for (i, s) in run.scenarios.iter().enumerate() {
+        crate::model::name::check(&s.name).map_err(|e| bad(format!("scenarios[{i}].name"), e.0))?;
+        if s.reason.as_deref().is_some_and(long) {
+            return Err(bad(format!("scenarios[{i}].reason"), too_long()));
+        }
+        let e = &s.evidence;
+        let texts = e
+            .notes
+            .iter()
+            .chain(&e.faults)
+            .map(String::as_str)
+            .chain(e.replays.iter().flat_map(|r| [r.command.as_str(), r.shrink.as_str()]));
+        for t in texts {
+            if long(t) {
+                return Err(bad(format!("scenarios[{i}].evidence"), too_long()));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn history_entry(run: &Run) -> HistoryEntry {

@@ -26,7 +26,7 @@ pub fn escape(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\n' | '\t' => out.push(c),
-            c if c.is_control() => out.extend(c.escape_default()),
+            c if crate::model::name::hidden(c) => out.extend(c.escape_default()),
             c => out.push(c),
         }
     }
@@ -283,6 +283,7 @@ mod tests {
 
     #[test]
     fn escaped_text_holds_no_markup_and_no_raw_control_character() {
+        assert_eq!(escape("a\u{202e}b"), "a\\u{202e}b");
         let t = escape("<b>\u{1b}[31mred\u{7}</b> & \"q\"\nnext\tcol");
         assert_eq!(
             t,

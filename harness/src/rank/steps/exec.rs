@@ -580,7 +580,7 @@ impl StepKind for Exec {
         let margin = (self.deadline.0 / 10).min(Duration::from_secs(5));
         let end = started + self.deadline.0 - margin;
         let left = || end.saturating_duration_since(Instant::now());
-        let dir = ctx.run_dir.join(format!("step-{step}"));
+        let dir = ctx.run_dir()?.join(format!("step-{step}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         // The step's programs start together: a rank that sat out the steps before would
         // otherwise start its program while its peers still run theirs, and a program that
@@ -626,8 +626,18 @@ impl StepKind for Exec {
         ctx.control.point(step, &format!("{name}:started"))?;
         let mut last_output = Instant::now();
         let mut next_port_check = Instant::now();
+        // Whether the program has ended is asked between bursts of output, not once a line:
+        // each ask is a wait4, and under a syscall recorder a chatty program would pay one
+        // traced call per line.
+        let mut next_exit_check = Instant::now();
         loop {
-            if let Some(exit) = proc.exited() {
+            let exited = if Instant::now() >= next_exit_check {
+                next_exit_check = Instant::now() + POLL;
+                proc.exited()
+            } else {
+                None
+            };
+            if let Some(exit) = exited {
                 for l in proc.finish(Duration::from_millis(200)) {
                     watch.line(ctx, &l, started);
                 }
@@ -653,11 +663,15 @@ impl StepKind for Exec {
                     break;
                 }
             }
-            if let Some(l) = proc.next_line(POLL) {
-                last_output = l.at;
-                if watch.line(ctx, &l, started) {
-                    watch.on_ready(ctx, step, l.at)?;
+            match proc.next_line(POLL) {
+                Some(l) => {
+                    last_output = l.at;
+                    if watch.line(ctx, &l, started) {
+                        watch.on_ready(ctx, step, l.at)?;
+                    }
                 }
+                // Quiet: the next turn asks whether it ended.
+                None => next_exit_check = Instant::now(),
             }
             if let Some(r) = role.ready.as_ref().filter(|_| watch.record.ready_us.is_none()) {
                 if Instant::now() >= next_port_check {
@@ -705,6 +719,9 @@ impl StepKind for Exec {
         let stray = external::end_descendants();
         if stray > 0 {
             log(ctx, name, started, &format!("ended {stray} processes the program left behind"));
+        }
+        for l in proc.close_pipes(Duration::from_secs(2)) {
+            watch.line(ctx, &l, started);
         }
         let _ = std::fs::remove_dir_all(&dir);
         done.context("waiting for the other ranks' programs to end")?;

@@ -234,6 +234,32 @@ impl External {
     }
 }
 
+impl External {
+    /// After [`end_descendants`]: wait (at most `within`) for the output readers to see the
+    /// end of their pipes and join them, taking the lines still queued so no reader stays
+    /// blocked on a full queue. The pipes and threads are the rank's own bookkeeping: left
+    /// open, a leak check would blame them on the program.
+    pub fn close_pipes(&mut self, within: Duration) -> Vec<Line> {
+        let deadline = Instant::now() + within;
+        let mut rest = vec![];
+        loop {
+            rest.extend(self.lines.try_iter());
+            let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.readers)
+                .into_iter()
+                .partition(|h| h.is_finished());
+            for h in done {
+                let _ = h.join();
+            }
+            self.readers = running;
+            if self.readers.is_empty() || Instant::now() >= deadline {
+                rest.extend(self.lines.try_iter());
+                return rest;
+            }
+            let _ = self.lines.recv_timeout(Duration::from_millis(5)).map(|l| rest.push(l));
+        }
+    }
+}
+
 impl Drop for External {
     fn drop(&mut self) {
         self.finish(Duration::ZERO);
@@ -242,25 +268,38 @@ impl Drop for External {
 
 /// SIGKILL every process under this one (programs a step started, daemons they left behind),
 /// and reap them. Returns how many there were.
+///
+/// In rounds, within a bound: a process may fork between the listing and the kill, and a
+/// killed one leaves the table only once it has been reaped (this rank is their subreaper),
+/// so one pass can leave thousands of children still holding the program's pipes.
 pub fn end_descendants() -> usize {
     let me = std::process::id();
-    let others: Vec<u32> = crate::hosts::procfs::process_tree(me)
-        .into_iter()
-        .filter(|p| *p != me)
-        .collect();
-    for pid in &others {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-    // Reap what is ours to reap (orphans adopted by this subreaper included), never blocking.
-    while let Ok(s) = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
-        if s == nix::sys::wait::WaitStatus::StillAlive {
-            break;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut ended = std::collections::HashSet::new();
+    loop {
+        let others: Vec<u32> = crate::hosts::procfs::process_tree(me)
+            .into_iter()
+            .filter(|p| *p != me)
+            .collect();
+        for pid in &others {
+            ended.insert(*pid);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
+        // Reap what is ours to reap (orphans adopted by this subreaper included).
+        while let Ok(s) = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG))
+        {
+            if s == nix::sys::wait::WaitStatus::StillAlive {
+                break;
+            }
+        }
+        if others.is_empty() || Instant::now() >= deadline {
+            return ended.len();
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
-    others.len()
 }
 
 /// Microseconds since the Unix epoch: the clock ranks on one host (or hosts kept in step by

@@ -57,7 +57,7 @@ pub(super) fn seed(ctx: &RankContext, step: usize, size: usize, n: u32, stream: 
 pub(super) fn open(ctx: &RankContext, report: &mut StepReport) -> Result<Gpu> {
     let inv = inventory().context("this step needs a GPU (NVIDIA with CUDA, or AMD with HIP)")?;
     let ordinal = ctx.rank as usize % inv.devices.len().max(1);
-    let cache = ctx.run_dir.join("gpu-kernels");
+    let cache = ctx.run_dir()?.join("gpu-kernels");
     let gpu = Gpu::open_with(inv, ordinal, Some(&cache)).context("opening the GPU")?;
     let i = gpu.info();
     report.notes.push(format!(

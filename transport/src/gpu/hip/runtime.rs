@@ -86,13 +86,34 @@ pub(crate) struct Runtime {
 pub(crate) fn get() -> Result<&'static Runtime> {
     static RUNTIME: OnceLock<Result<Runtime>> = OnceLock::new();
     let loaded = RUNTIME.get_or_init(|| match std::env::var("WRINGER_HIP_LIBRARY") {
-        Ok(path) => Runtime::load(&[path.as_str()]),
+        Ok(path) => regular_file(&path).and_then(|()| Runtime::load(&[path.as_str()])),
         Err(_) => Runtime::load(SONAMES),
     });
     match loaded {
         Ok(rt) => Ok(rt),
         Err(GpuError::NoHipRuntime(why)) => Err(GpuError::NoHipRuntime(why.clone())),
         Err(e) => Err(GpuError::NoHipRuntime(e.to_string())),
+    }
+}
+
+/// `WRINGER_HIP_LIBRARY` must name a regular file: the loader's open of a FIFO blocks for
+/// ever (and a device may never end), which would hang `probe`, `list` and every run.
+fn regular_file(path: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) => Err(GpuError::NoHipRuntime(format!(
+            "WRINGER_HIP_LIBRARY={path} is not a regular file ({}): name libamdhip64.so itself",
+            if std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()) {
+                "a FIFO"
+            } else if m.is_dir() {
+                "a folder"
+            } else {
+                "a device or socket"
+            }
+        ))),
+        Err(e) => Err(GpuError::NoHipRuntime(format!(
+            "WRINGER_HIP_LIBRARY={path}: {e}"
+        ))),
     }
 }
 
@@ -238,5 +259,20 @@ mod tests {
         };
         assert!(why.contains("libamdhip64-absent.so.9"), "{why}");
         assert!(why.contains("/nonexistent/libamdhip64.so"), "{why}");
+    }
+
+    #[test]
+    fn a_fifo_named_as_the_library_is_refused_without_opening_it() {
+        let dir = std::env::temp_dir().join(format!("wringer-hip-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("libamdhip64.so");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opening the FIFO would block for ever: the check must answer without it.
+        let err = regular_file(fifo.to_str().unwrap()).unwrap_err().to_string();
+        assert!(err.contains("a FIFO"), "{err}");
+        assert!(regular_file(dir.to_str().unwrap()).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
