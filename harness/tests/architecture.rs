@@ -371,3 +371,43 @@ fn no_backend_runs_wringer_run_again_on_its_hosts() {
         }
     }
 }
+
+/// Every place the harness hands a script to a shell (`sh -c`) says, in a `// shell:` comment
+/// just above it, why nothing it runs can be re-read as a command: values go as positional
+/// arguments ("$1"), are quoted, or the script is a constant. Test code is exempt.
+#[test]
+fn every_shell_call_site_says_why_it_is_safe() {
+    let mut files = vec![];
+    rust_files(&src(), &mut files);
+    let mut unexplained = vec![];
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        // Code after the first test module is test code.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let lines: Vec<&str> = code.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let prev = if i > 0 { lines[i - 1].trim() } else { "" };
+            let calls_sh = line.contains("\"sh\", \"-c\"")
+                || (line.trim() == "\"-c\"," && prev == "\"sh\",")
+                || (line.contains("\"-c\"") && prev.contains("Command::new(\"sh\")"))
+                || line.contains("Command::new(\"sh\")");
+            if !calls_sh {
+                continue;
+            }
+            let explained = lines[i.saturating_sub(12)..i]
+                .iter()
+                .any(|l| l.trim_start().starts_with("// shell:"));
+            if !explained {
+                unexplained.push(format!(
+                    "{}:{}",
+                    f.strip_prefix(src()).unwrap().display(),
+                    i + 1
+                ));
+            }
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "`sh -c` without a `// shell:` comment saying why it is safe: {unexplained:#?}"
+    );
+}

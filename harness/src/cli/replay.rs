@@ -99,7 +99,9 @@ pub fn shrink(
     if opts.seed.is_none() || opts.attempt.is_none() {
         return Err(InputError::Flag {
             flag: "--shrink".into(),
-            message: "a shrink needs --seed and --attempt: the failed attempt's replay line gives both".into(),
+            message:
+                "a shrink needs --seed and --attempt: the failed attempt's replay line gives both"
+                    .into(),
         }
         .into());
     }

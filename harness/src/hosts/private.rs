@@ -48,7 +48,9 @@ pub fn fresh_dir(prefix: &str) -> Result<PathBuf, PrivateError> {
         return Err(io(&template)(std::io::Error::last_os_error()));
     }
     buf.pop();
-    Ok(PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(buf)))
+    Ok(PathBuf::from(
+        <std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(buf),
+    ))
 }
 
 /// The folder at `path`, made 0700 when missing, or checked when it exists: a folder (not a

@@ -144,6 +144,7 @@ pub fn deploy(target: &SshTarget, remote_dir: &str) -> Result<String> {
     let want = format!("wringer {}", env!("CARGO_PKG_VERSION"));
     let resolved = target
         .check(
+            // shell: the path is "$1"; eval expands only $HOME: a profile's remote_dir holds letters, digits and . _ - / ~ only (hosts::values).
             &["sh", "-c", "eval echo \"$1\"", "sh", &path],
             Duration::from_secs(60),
         )?
@@ -159,6 +160,7 @@ pub fn deploy(target: &SshTarget, remote_dir: &str) -> Result<String> {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| ".".into());
     let copy = target.run(
+        // shell: a constant script; the folders and files are "$1" to "$3".
         &[
             "sh",
             "-c",
@@ -205,6 +207,7 @@ pub fn deploy_shipped(target: &SshTarget, remote_exe: &str) -> Result<usize> {
         let name = entry.file_name().to_string_lossy().into_owned();
         let dest = format!("{folder}/{name}");
         let copy = target.run(
+            // shell: a constant script; the folder and file are "$1" and "$2".
             &[
                 "sh",
                 "-c",

@@ -292,12 +292,14 @@ impl VmHosts {
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         h.target
+            // shell: wire_script builds these from typed, range-checked fault values (numbers, the VM's own addresses).
             .check(&["sh", "-c", &scripts.struck], Duration::from_secs(60))
             .with_context(|| format!("striking {action:?} on {}", h.target.name))?;
         if let Some(script) = scripts.peer {
             for p in self.hosts.iter().filter(|p| !std::ptr::eq(*p, h)) {
                 p.target
                     .check(
+                        // shell: wire_script builds these from typed, range-checked fault values (numbers, the VM's own addresses).
                         &["sh", "-c", &format!("set -e\n{script}")],
                         Duration::from_secs(60),
                     )
@@ -322,6 +324,7 @@ impl VmHosts {
         for h in &self.hosts {
             match h
                 .target
+                // shell: a constant script.
                 .check(&["sh", "-c", COUNTERS_SCRIPT], Duration::from_secs(30))
             {
                 Ok(text) => {
@@ -345,6 +348,7 @@ impl VmHosts {
         }
         for h in &self.hosts {
             h.target
+                // shell: a constant script.
                 .check(&["sh", "-c", HEAL_SCRIPT], Duration::from_secs(60))
                 .with_context(|| format!("healing the RoCE link of {}", h.target.name))?;
         }
@@ -362,6 +366,7 @@ impl VmHosts {
         }
         for h in &self.hosts {
             h.target
+                // shell: a constant script.
                 .check(&["sh", "-c", RENEW_RXE_SCRIPT], Duration::from_secs(90))
                 .with_context(|| format!("renewing the rxe device of {}", h.target.name))?;
         }

@@ -818,9 +818,11 @@ mod tests {
         assert!(both.check().unwrap_err().0.contains("not both"));
         let rare = perturb("{ syscall: poll, delay_exit: 1ms, probability: 0.000001 }");
         assert!(rare.check().unwrap_err().0.contains("rarer than strace"));
-        assert!(perturb("{ syscall: poll, delay_exit: 1ms, probability: 0.0000153 }")
-            .check()
-            .is_ok());
+        assert!(
+            perturb("{ syscall: poll, delay_exit: 1ms, probability: 0.0000153 }")
+                .check()
+                .is_ok()
+        );
         let bad = perturb("{ syscall: poll, delay_exit: 1ms, when: \"0\" }");
         assert!(bad.check().unwrap_err().0.contains("when `0`"));
     }

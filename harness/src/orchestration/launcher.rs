@@ -350,6 +350,7 @@ impl RankGroup {
                 let text = h
                     .target
                     .check(
+                        // shell: a constant script; the PID and the gdb budget are numbers passed as "$1" and "$2".
                         &[
                             "sh",
                             "-c",
@@ -385,6 +386,7 @@ impl RankGroup {
                 // A traced rank leads its own group; its strace (the parent) goes too.
                 let script = "for g in \"$@\"; do p=$(ps -o ppid= -p ${g#-} 2>/dev/null); kill -KILL -- $g 2>/dev/null; [ -n \"$TRACED\" ] && [ -n \"$p\" ] && kill -KILL $p 2>/dev/null; done; true";
                 let traced = if self.traced { "TRACED=1" } else { "TRACED=" };
+                // shell: a constant script; the process groups are numbers passed as arguments.
                 let mut args = vec!["env", traced, "sh", "-c", script, "sh"];
                 args.extend(groups.iter().map(String::as_str));
                 let _ = h.target.run(&args, Duration::from_secs(10));
@@ -443,6 +445,7 @@ impl RankGroup {
             let text = h
                 .target
                 .check(
+                    // shell: a constant script; the trace prefix (in the run's private folder) is "$1".
                     &["sh", "-c", script, "sh", &prefix],
                     Duration::from_secs(60),
                 )
@@ -524,6 +527,7 @@ impl RankGroup {
         for h in self.placement.hosts() {
             h.target
                 .check(
+                    // shell: a constant script (hosts::private); the folder is "$1".
                     &[
                         "sh",
                         "-c",
@@ -534,7 +538,10 @@ impl RankGroup {
                     Duration::from_secs(30),
                 )
                 .with_context(|| {
-                    format!("making the private folder {} on {}", self.remote_dir, h.target.name)
+                    format!(
+                        "making the private folder {} on {}",
+                        self.remote_dir, h.target.name
+                    )
                 })?;
         }
         Ok(())

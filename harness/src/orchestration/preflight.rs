@@ -65,6 +65,7 @@ fn remote(need: &Preflight, host: &RemoteHost) -> Result<(), String> {
     let shipped = programs::remote_search_path(&host.exe);
     let (words, why): (Vec<&str>, String) = match need {
         Preflight::Program { name, package } => (
+            // shell: the program's name and the search path go as "$1" and "$2", never into the script.
             vec![
                 "sh",
                 "-c",

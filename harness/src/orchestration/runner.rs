@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use hdrhistogram::Histogram;
@@ -102,7 +102,8 @@ impl Rerun {
         }
         let words = w.iter().map(|x| shell_word(x));
         // An assignment before the command: the variable's name bare, its value quoted.
-        let env = release.map(|(var, root)| format!("{var}={}", shell_word(&root.display().to_string())));
+        let env =
+            release.map(|(var, root)| format!("{var}={}", shell_word(&root.display().to_string())));
         env.into_iter().chain(words).collect::<Vec<_>>().join(" ")
     }
 }
@@ -605,6 +606,7 @@ fn run_scenario(
         (coordinator::run(&plan), log_dir)
     };
     let mut seen = Observed::default();
+    let mut first_failed_took: Option<Duration> = None;
     let mut reach = declared_points(&steps, s);
     for repeat in 0..repeats {
         if cx.interrupted.load(Ordering::Relaxed) {
@@ -617,8 +619,13 @@ fn run_scenario(
             result.repeats_failed += 1;
             break;
         }
+        let attempt_started = Instant::now();
         let (attempt, log_dir) = run_attempt(repeat, format!("repeat-{repeat}"));
+        let took = attempt_started.elapsed();
         let mut failures = super::verdict::judge(&attempt, &s.expect);
+        if !failures.is_empty() && first_failed_took.is_none() {
+            first_failed_took = Some(took);
+        }
         result.repeats += 1;
         failures.extend(count_reached(&mut reach, &attempt.reports));
         for (_, r) in &attempt.reports {
@@ -647,9 +654,15 @@ fn run_scenario(
             let index = cx.opts.attempt.unwrap_or(repeat);
             let exact = super::audit::exact_perturbations(&perturb, seed_of(repeat));
             let line = |shrink| {
-                cx.opts
-                    .rerun
-                    .line(&loaded.path, release_env(loaded), cx.seed, index, &exact, &own_faults, shrink)
+                cx.opts.rerun.line(
+                    &loaded.path,
+                    release_env(loaded),
+                    cx.seed,
+                    index,
+                    &exact,
+                    &own_faults,
+                    shrink,
+                )
             };
             result.evidence.replays.push(Replay {
                 repeat,
@@ -706,8 +719,21 @@ fn run_scenario(
     if let Some(repeat) = first_failed.filter(|_| worth_it) {
         let mut failed = 0;
         let mut of = 0;
+        // The failed attempt and its replays together stay within the scenario's deadline: a
+        // failure that took most of it (a program that ran to its step's deadline) is not run
+        // again, so a run never spends several deadlines on one scenario.
+        let took = first_failed_took.unwrap_or_default();
         for n in 0..cx.opts.replays {
             if cx.interrupted.load(Ordering::Relaxed) {
+                break;
+            }
+            if took * (n + 2) > s.deadline.0 {
+                result.evidence.notes.push(format!(
+                    "replayed {n} of {} times: another replay ({:.1} s) would run past the scenario's deadline ({:?})",
+                    cx.opts.replays,
+                    took.as_secs_f64(),
+                    s.deadline.0
+                ));
                 break;
             }
             let (attempt, log_dir) = run_attempt(repeat, format!("replay-{repeat}-{n}"));
@@ -941,7 +967,15 @@ mod tests {
             serde_saphyr::from_str("{ syscall: poll, delay_exit: 100us, when: \"3+2\" }").unwrap();
         let f: Fault =
             serde_saphyr::from_str("{ rank: 1, at: mid-stream, action: sigkill }").unwrap();
-        let line = rerun.line(Path::new("scenarios/x.yaml"), None, 42, 3, &[p], &[f], false);
+        let line = rerun.line(
+            Path::new("scenarios/x.yaml"),
+            None,
+            42,
+            3,
+            &[p],
+            &[f],
+            false,
+        );
         assert_eq!(
             line,
             "wringer run --hosts hosts/local.yaml --seed 42 --attempt 3 \

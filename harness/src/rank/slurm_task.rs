@@ -38,11 +38,14 @@ pub fn run(rendezvous: SocketAddr, layout: &str, binding: Binding, trace: &[Stri
 /// Where the recorder's words send its trace: strace's `-o PATH` or `trace-syscalls`'s
 /// `--out=PATH`.
 fn trace_output(words: &[String]) -> Option<&Path> {
-    words.iter().enumerate().find_map(|(i, w)| match w.strip_prefix("--out=") {
-        Some(p) => Some(Path::new(p)),
-        None if w == "-o" => words.get(i + 1).map(Path::new),
-        None => None,
-    })
+    words
+        .iter()
+        .enumerate()
+        .find_map(|(i, w)| match w.strip_prefix("--out=") {
+            Some(p) => Some(Path::new(p)),
+            None if w == "-o" => words.get(i + 1).map(Path::new),
+            None => None,
+        })
 }
 
 /// Start this same command as the rank (under `trace` when given), wait for it, print its

@@ -103,6 +103,7 @@ impl TestCluster {
             let t = cluster.hosts.target(i);
             let put = |file: &PathBuf, dest: &str, owner: &str, mode: &str| {
                 t.run(
+                    // shell: a constant script; destination, owner and mode are "$1" to "$3".
                     &[
                         "sh",
                         "-c",
@@ -190,6 +191,7 @@ impl TestCluster {
             let said = self
                 .hosts
                 .target(i)
+                // shell: a constant script; the daemon's name is "$1".
                 .check(&["sh", "-c", script, "sh", daemon], T)
                 .with_context(|| format!("starting {daemon}"))?;
             if said.trim() == "started" {
@@ -242,6 +244,7 @@ impl TestCluster {
     fn start_local_munged(&self, key: &std::path::Path) -> Result<LocalMunged> {
         use std::os::unix::process::CommandExt;
         let socket = self.dir.join("munge/munge.sock");
+        // shell: a constant script; munged's words are "$@".
         let child = Command::new("sh")
             .args([
                 "-c",

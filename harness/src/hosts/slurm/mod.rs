@@ -250,6 +250,7 @@ impl Slurm {
         let mut cmd = self.client("salloc");
         cmd.args(args);
         cmd.args([
+            // shell: a constant script (salloc's command), no value in it.
             "--",
             "sh",
             "-c",

@@ -98,9 +98,7 @@ fn read_back<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Resul
             file: path.to_owned(),
             line: inner.line() as u64,
             column: inner.column() as u64,
-            message: format!(
-                "not a wringer results.json: field `{field}`: {inner}"
-            ),
+            message: format!("not a wringer results.json: field `{field}`: {inner}"),
         }
     })
 }
@@ -112,24 +110,29 @@ const MAX_TEXT: usize = 1 << 20;
 /// What a results file read back must hold before a page is made of it: names that are names
 /// (they become element ids and file names), texts of bounded size.
 fn check_run(path: &Path, run: &Run) -> Result<(), InputError> {
-    let bad = |field: String, why: String| InputError::plain(path, format!("field `{field}`: {why}"));
+    let bad =
+        |field: String, why: String| InputError::plain(path, format!("field `{field}`: {why}"));
     for (field, name) in [("run_id", &run.run_id), ("host_profile", &run.host_profile)] {
         crate::model::name::check(name).map_err(|e| bad(field.into(), e.0))?;
     }
     let long = |t: &str| t.len() > MAX_TEXT;
-    let too_long = || format!("over {} KiB, longer than any text a run writes", MAX_TEXT >> 10);
+    let too_long = || {
+        format!(
+            "over {} KiB, longer than any text a run writes",
+            MAX_TEXT >> 10
+        )
+    };
     for (i, s) in run.scenarios.iter().enumerate() {
         crate::model::name::check(&s.name).map_err(|e| bad(format!("scenarios[{i}].name"), e.0))?;
         if s.reason.as_deref().is_some_and(long) {
             return Err(bad(format!("scenarios[{i}].reason"), too_long()));
         }
         let e = &s.evidence;
-        let texts = e
-            .notes
-            .iter()
-            .chain(&e.faults)
-            .map(String::as_str)
-            .chain(e.replays.iter().flat_map(|r| [r.command.as_str(), r.shrink.as_str()]));
+        let texts = e.notes.iter().chain(&e.faults).map(String::as_str).chain(
+            e.replays
+                .iter()
+                .flat_map(|r| [r.command.as_str(), r.shrink.as_str()]),
+        );
         for t in texts {
             if long(t) {
                 return Err(bad(format!("scenarios[{i}].evidence"), too_long()));

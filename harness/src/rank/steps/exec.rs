@@ -648,7 +648,24 @@ impl StepKind for Exec {
             }
             let now = Instant::now();
             if now >= end {
-                watch.ended("still running at the step's deadline");
+                match role.ready.as_ref().filter(|_| watch.record.ready_us.is_none()) {
+                    // Its readiness never came: that is the reason, and the roles after it
+                    // are released rather than left to fail on the barrier.
+                    Some(r) => {
+                        watch.ended(&format!(
+                            "not ready by the step's deadline: {}",
+                            r.awaited(watch.port)
+                        ));
+                        if self.has_dependents(name) {
+                            let _ = ctx.control.barrier_among(
+                                &ready_barrier(step, name),
+                                &self.ready_members(name),
+                                margin / 4,
+                            );
+                        }
+                    }
+                    None => watch.ended("still running at the step's deadline"),
+                }
                 hang_evidence(ctx, name, &proc);
                 break;
             }

@@ -255,7 +255,10 @@ impl External {
                 rest.extend(self.lines.try_iter());
                 return rest;
             }
-            let _ = self.lines.recv_timeout(Duration::from_millis(5)).map(|l| rest.push(l));
+            let _ = self
+                .lines
+                .recv_timeout(Duration::from_millis(5))
+                .map(|l| rest.push(l));
         }
     }
 }

@@ -270,7 +270,9 @@ mod tests {
         // SAFETY: a NUL-terminated path that outlives the call.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // Opening the FIFO would block for ever: the check must answer without it.
-        let err = regular_file(fifo.to_str().unwrap()).unwrap_err().to_string();
+        let err = regular_file(fifo.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("a FIFO"), "{err}");
         assert!(regular_file(dir.to_str().unwrap()).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
