@@ -55,14 +55,21 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         audit_cost,
     } = a;
     // Read first: a missing or broken earlier report is an input error before any work.
-    use anyhow::Context as _;
     let earlier: Option<bench::BenchReport> = match &against {
-        Some(p) => Some(
-            serde_json::from_slice(
-                &std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
-            )
-            .with_context(|| format!("{} is not a bench.json", p.display()))?,
-        ),
+        // The bounded, regular-file-only reader; a file that is not a bench report is bad
+        // input (exit 2), with where it went wrong.
+        Some(p) => {
+            let bytes =
+                wringer::model::input::read_bytes(p, wringer::model::input::FileKind::Results)?;
+            Some(serde_json::from_slice(&bytes).map_err(|e| {
+                wringer::model::input::InputError::Located {
+                    file: p.clone(),
+                    line: e.line() as u64,
+                    column: e.column() as u64,
+                    message: format!("not a bench.json: {e}"),
+                }
+            })?)
+        }
         None => None,
     };
     let opts = bench::BenchOptions {

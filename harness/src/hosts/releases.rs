@@ -89,6 +89,23 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
     Ok(found)
 }
 
+/// A small text file, the bounded way: a regular file only (a FIFO planted or named there
+/// would block), at most 64 KiB (torch's version.py is a few hundred bytes).
+fn read_small(file: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let (f, _) = crate::model::input::open_regular(file).map_err(|e| match e {
+        crate::model::input::NotOpened::Io(e) => e.to_string(),
+        crate::model::input::NotOpened::NotRegular(what) => {
+            format!("is {what}, not a regular file")
+        }
+    })?;
+    let mut bytes = vec![];
+    f.take(64 << 10)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// The version of the torch that `root` (a venv or a Python prefix) holds, as a name part:
 /// `2.15.0+cu132` is `2.15.0` (the local build tag is the same Gloo), anything outside a
 /// name's characters becomes `_`.
@@ -104,7 +121,7 @@ fn torch_version(root: &Path) -> Result<String, String> {
         .map(|e| e.path().join("site-packages/torch/version.py"))
         .find(|f| f.is_file())
         .ok_or("holds no torch (no lib/python*/site-packages/torch/version.py)")?;
-    let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let text = read_small(&file).map_err(|e| format!("{}: {e}", file.display()))?;
     let raw = text
         .lines()
         .find_map(|l| l.strip_prefix("__version__"))

@@ -149,8 +149,9 @@ pub fn shrink(
         .faults
         .clone()
         .unwrap_or_else(|| s.faults.iter().map(|f| f.value.clone()).collect());
-    let text = std::fs::read_to_string(&loaded.path)
-        .with_context(|| format!("reading {}", loaded.path.display()))?;
+    let bytes =
+        crate::model::input::read_bytes(&loaded.path, crate::model::input::FileKind::Scenario)?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
     // JSON's values hold any YAML scenario, and JSON is YAML: the variants load as files do.
     let yaml: serde_json::Value = serde_saphyr::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{}: {e}", loaded.path.display()))?;
