@@ -448,3 +448,83 @@ fn replay_lines_paste_back_to_the_same_command_and_nothing_else() {
     assert!(joined.ends_with("-- sh -c exit 4"), "{joined}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A program printing 4 MB (two million lines) under strace: the rank reads and logs its
+/// output in blocks, so its own traced calls do not grow with the lines (they were one log
+/// write and one `wait4` per line, and the step ran out its deadline).
+#[test]
+fn a_chatty_program_costs_the_rank_a_call_per_block_not_per_line() {
+    let dir = scratch("chatty");
+    let o = wringer_in(
+        &dir,
+        &[
+            "audit",
+            "--audit-backend",
+            "strace",
+            "--deadline",
+            "60s",
+            "--report-dir",
+            "r",
+            "--perturb",
+            "{syscall: getpid, delay_exit: 1us}",
+            "--",
+            "sh",
+            "-c",
+            "yes | head -c 4000000",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let trace = walk(&dir.join("r"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|x| x == "strace"))
+        .expect("the rank's trace");
+    let t = std::fs::read_to_string(trace).unwrap();
+    let log_writes = t.matches("write(2, \"[exec").count();
+    let waits = t.lines().filter(|l| l.contains(" wait4(")).count();
+    assert!(
+        log_writes < 5_000,
+        "{log_writes} log writes for 2,000,000 lines"
+    );
+    assert!(waits < 5_000, "{waits} wait4 calls for 2,000,000 lines");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A program that exits leaving 2,000 children holding its output pipes: all of them are
+/// ended, and the rank's own pipes and reader threads are not reported as the program's leak.
+#[test]
+fn thousands_of_children_left_behind_are_ended_and_not_a_leak_of_the_rank() {
+    let dir = scratch("children");
+    for round in 0..3 {
+        let report = format!("r{round}");
+        let o = wringer_in(
+            &dir,
+            &[
+                "audit",
+                // strace: 2,000 forks overflow the eBPF ring on two cores (a lossy trace is
+                // never clean), which is the recorder's matter, not this test's.
+                "--audit-backend",
+                "strace",
+                "--check",
+                "leaks",
+                "--check",
+                "fd-lifecycle",
+                "--report-dir",
+                &report,
+                "--",
+                "sh",
+                "-c",
+                "for i in $(seq 2000); do sleep 120 & done; echo started; exit 0",
+            ],
+            &[],
+        );
+        assert_eq!(o.status.code(), Some(0), "round {round}: {}", text(&o));
+        let log: String = walk(&dir.join(&report))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .collect();
+        assert!(log.contains("ended 2000 processes"), "{log}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

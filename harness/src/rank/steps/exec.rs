@@ -687,8 +687,11 @@ impl StepKind for Exec {
                         watch.on_ready(ctx, step, l.at)?;
                     }
                 }
-                // Quiet: the next turn asks whether it ended.
-                None => next_exit_check = Instant::now(),
+                // Quiet: write what is logged, and the next turn asks whether it ended.
+                None => {
+                    watch.flush_log();
+                    next_exit_check = Instant::now();
+                }
             }
             if let Some(r) = role.ready.as_ref().filter(|_| watch.record.ready_us.is_none()) {
                 if Instant::now() >= next_port_check {
@@ -740,6 +743,7 @@ impl StepKind for Exec {
         for l in proc.close_pipes(Duration::from_secs(2)) {
             watch.line(ctx, &l, started);
         }
+        watch.flush_log();
         let _ = std::fs::remove_dir_all(&dir);
         done.context("waiting for the other ranks' programs to end")?;
         if watch.record.exit.is_none() && watch.exit.is_none() {
@@ -871,6 +875,18 @@ struct Watch<'a> {
     exit: Option<Exit>,
     /// Bytes of output logged so far, against the step's log limit.
     logged: u64,
+    /// Log lines not yet written: written in blocks (when quiet, past 64 KiB, before any other
+    /// log line), so a chatty program costs one write per block, not per line, and a syscall
+    /// recorder does not trace the rank's own logging line by line.
+    pending_log: Vec<u8>,
+}
+
+const LOG_BLOCK: usize = 64 << 10;
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        self.flush_log();
+    }
 }
 
 impl<'a> Watch<'a> {
@@ -917,7 +933,17 @@ impl<'a> Watch<'a> {
             },
             exit: None,
             logged: 0,
+            pending_log: Vec::new(),
         })
+    }
+
+    /// Write the log lines held back, in one write.
+    fn flush_log(&mut self) {
+        use std::io::Write;
+        if !self.pending_log.is_empty() {
+            let _ = std::io::stderr().write_all(&self.pending_log);
+            self.pending_log.clear();
+        }
     }
 
     /// Log and read one output line; true when it makes the program ready.
@@ -930,8 +956,19 @@ impl<'a> Watch<'a> {
         let limit = self.exec.log_limit();
         if self.logged < limit {
             self.logged += l.text.len() as u64 + 1;
-            eprintln!("[exec {} rank {} +{ms:.3}ms {pipe}] {}", self.name, ctx.rank, printable(&l.text));
+            use std::io::Write;
+            let _ = writeln!(
+                self.pending_log,
+                "[exec {} rank {} +{ms:.3}ms {pipe}] {}",
+                self.name,
+                ctx.rank,
+                printable(&l.text)
+            );
+            if self.pending_log.len() >= LOG_BLOCK {
+                self.flush_log();
+            }
             if self.logged >= limit {
+                self.flush_log();
                 eprintln!(
                     "[exec {} rank {}] output past the {} MiB log limit is not logged (still read for errors and metrics)",
                     self.name,
@@ -984,6 +1021,7 @@ impl<'a> Watch<'a> {
 
     fn on_ready(&mut self, ctx: &RankContext, step: usize, at: Instant) -> Result<()> {
         self.record.ready_us = Some(wall_us(at));
+        self.flush_log();
         eprintln!("[exec {} rank {}] ready", self.name, ctx.rank);
         ctx.control.point(step, &format!("{}:ready", self.name))?;
         self.trigger(&Trigger::Ready, at);
@@ -1005,6 +1043,10 @@ impl<'a> Watch<'a> {
                 continue;
             }
             f.struck = true;
+            if !self.pending_log.is_empty() {
+                use std::io::Write;
+                let _ = std::io::stderr().write_all(&std::mem::take(&mut self.pending_log));
+            }
             let action = f.fault.action;
             let outcome = match action {
                 FaultAction::Sigkill => proc.signal(Signal::SIGKILL).map_err(|e| e.to_string()),
