@@ -590,18 +590,28 @@ fn gpu_scenarios_skip_with_the_no_gpu_reason_where_there_is_no_gpu() {
     }
     let dir = report_dir("gpu-skip");
     let m = marker();
-    let out = run_to_end(wringer(
-        &m,
-        &[
-            "run",
-            "--hosts",
-            "hosts/local.yaml",
-            "--report-dir",
-            dir.to_str().unwrap(),
-            "scenarios/gpu-pingpong-tcp.yaml",
-            "scenarios/gpu-pingpong-rdma.yaml",
-        ],
-    ));
+    // The RDMA one runs in the soft-RoCE VM on a kernel without RDMA: where the VM is not set
+    // up yet (`just test` runs before `just test-local` sets it up), only the TCP one can get
+    // as far as the GPU probe.
+    let vm = Command::new("sh")
+        .args(["-c", "command -v vng"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        || std::path::Path::new("/sys/class/infiniband").exists();
+    let mut args = vec![
+        "run",
+        "--hosts",
+        "hosts/local.yaml",
+        "--report-dir",
+        dir.to_str().unwrap(),
+        "scenarios/gpu-pingpong-tcp.yaml",
+    ];
+    if vm {
+        args.push("scenarios/gpu-pingpong-rdma.yaml");
+    } else {
+        eprintln!("no soft-RoCE VM here yet: gpu-pingpong-rdma left out");
+    }
+    let out = run_to_end(wringer(&m, &args));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let r = results(&dir);
     let host = &r["hosts"][0];
@@ -630,7 +640,7 @@ fn gpu_scenarios_skip_with_the_no_gpu_reason_where_there_is_no_gpu() {
         junit
             .matches(&format!("<skipped message=\"{code}: "))
             .count(),
-        2,
+        args.len() - 5,
         "{junit}"
     );
     assert!(processes_with(&m).is_empty());
