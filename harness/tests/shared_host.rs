@@ -528,3 +528,48 @@ fn thousands_of_children_left_behind_are_ended_and_not_a_leak_of_the_rank() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A role whose readiness never comes and has no timeout of its own: the step's deadline ends
+/// it with that reason, and the failure's replays stay within the scenario's deadline (the
+/// failed attempt and its replays together), so the run does not spend three deadlines.
+#[test]
+fn a_role_never_ready_is_ended_by_the_step_deadline_and_replays_fit_the_scenario_deadline() {
+    let dir = scratch("never-ready");
+    let file = repo().join("harness/tests/fixtures/exec/never-ready.yaml");
+    let o = Command::new(WRINGER)
+        .current_dir(&dir)
+        .args(["run", "--hosts", &hosts(), "--report-dir", "r"])
+        .arg(&file)
+        .env("CI", "true")
+        .env("WRINGER_REPLAYS", "2")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r/results.json")).unwrap()).unwrap();
+    let s = &v["scenarios"][0];
+    let logs: String = walk(&dir.join("r"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
+    let all = format!("{s}{logs}");
+    assert!(all.contains("not ready within"), "{all}");
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap()
+            .contains("nothing listened on its port"),
+        "{s}"
+    );
+    // 8 s an attempt against a 20 s deadline: one replay fits, the second would not.
+    let replayed = &s["evidence"]["replays"][0]["replayed"];
+    assert!(replayed[1].as_u64().unwrap() <= 1, "{replayed}");
+    assert!(
+        s["evidence"]["notes"]
+            .to_string()
+            .contains("would run past the scenario's deadline"),
+        "{s}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

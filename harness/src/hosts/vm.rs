@@ -566,19 +566,24 @@ fn vng(
         ])
         .arg(folder)
         .arg(format!("--qemu-opts={qemu}"))
-        // The guest's shell splits this line again: the path goes as one quoted word, so a
-        // report folder's name can hold any character without running anything.
         .arg("--exec")
-        .arg(format!(
-            "sh -- {}",
-            crate::hosts::ssh::quote(&script.display().to_string())
-        ))
+        .arg(guest_command(script))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .process_group(0)
         .spawn()
         .context("starting vng")
+}
+
+/// The guest's command line for its boot script. The guest's shell splits this line again:
+/// the path goes as one quoted word, so a report folder's name can hold any character without
+/// running anything.
+fn guest_command(script: &Path) -> String {
+    format!(
+        "sh -- {}",
+        crate::hosts::ssh::quote(&script.display().to_string())
+    )
 }
 
 fn kill_vm(child: &mut Child) {
@@ -590,6 +595,23 @@ fn kill_vm(child: &mut Child) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_boot_script_reaches_the_guest_shell_as_one_word() {
+        let dir = std::env::temp_dir().join(format!("wringer-vm-quote-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let marker = dir.join("ran");
+        let script = dir.join("a b;touch ran; $(touch ran)'x.sh");
+        std::fs::write(&script, "echo booted\n").unwrap();
+        let out = std::process::Command::new("sh")
+            .current_dir(&dir)
+            .args(["-c", &guest_command(&script)])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "booted\n");
+        assert!(!marker.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn the_guest_has_no_default_route() {

@@ -710,8 +710,11 @@ impl StepKind for Exec {
                 }
             }
             if let Some(r) = &role.ready {
-                if watch.record.ready_us.is_none() && started.elapsed() > r.timeout.0 {
-                    watch.ended(&format!("not ready within {:?}: {}", r.timeout.0, r.awaited(watch.port)));
+                // Readiness is given up before the step's own end, whatever its timeout says,
+                // so this role (not the roles waiting for it) says why the step failed.
+                let limit = r.timeout.0.min(self.deadline.0.saturating_sub(margin + margin / 2));
+                if watch.record.ready_us.is_none() && started.elapsed() > limit {
+                    watch.ended(&format!("not ready within {limit:?}: {}", r.awaited(watch.port)));
                     // Release the roles that wait for this one: they would otherwise wait
                     // out the step, and the reason would be a barrier, not this.
                     if self.has_dependents(name) {
