@@ -13,4 +13,5 @@ pub mod reach;
 pub mod requirement;
 pub mod result;
 pub mod scenario;
+pub mod sync_marker;
 pub mod syscalls;

@@ -1,9 +1,11 @@
 //! Layer 4, orchestration: the runner, the coordinator (a core without IO and the shell that
-//! does its IO), the launcher, the one skip/fail policy, and verdicts.
+//! does its IO), the launcher, the one skip/fail policy, verdicts, and the audit's checkers
+//! (syscalls with happens-before between threads, verbs).
 
 pub mod audit;
 pub mod coordinator;
 pub mod events;
+pub mod happens_before;
 pub mod launcher;
 pub mod policy;
 pub mod preflight;

@@ -1,0 +1,97 @@
+//! The sync observer's markers (`harness/sync-audit/wringer_sync.c`): each pthread operation
+//! that orders threads is a `prctl(SYNC_MARKER, kind, object, site, aux)` on the calling
+//! thread, so it lands in the syscall trace in that thread's own order among its descriptor
+//! calls, whichever recorder wrote the trace.
+
+/// prctl's first argument for a marker ("WSNC"); the kernel answers EINVAL and does nothing.
+pub const SYNC_MARKER: u64 = 0x5753_4e43;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// The observer is loaded in this process: its pthread operations are all reported.
+    Attach,
+    /// The thread is ordered after the object's releases so far.
+    Acquire,
+    /// What the thread did so far is ordered before the object's later acquires.
+    Release,
+    /// The thread starts a blocking wait on the object (join, condition, semaphore, barrier).
+    Wait,
+    /// The thread holds a (shared) lock from here.
+    Hold,
+    /// The thread lets a (shared) lock go.
+    Drop,
+}
+
+/// One marker, as the trace holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncMarker {
+    pub kind: SyncKind,
+    /// The lock, condition, semaphore or barrier's address; a thread's handle (pthread_t) for
+    /// its end and its join; the pid for `Attach`.
+    pub object: u64,
+    /// The return address in the program: where the call was made.
+    pub site: u64,
+    /// For an `Acquire` whose release was not reported (the lock was not shared until now):
+    /// the thread that released it last.
+    pub aux: u64,
+}
+
+/// The marker in a traced `prctl`'s arguments, as strace prints them
+/// (`0x57534e43 /* PR_??? */, 0x2, 0x55d0…, 0x55d0…, 0`); `None` for any other prctl.
+pub fn parse(args: &str) -> Option<SyncMarker> {
+    let mut words = args.split(',').map(str::trim);
+    let first = words.next()?;
+    let magic = number(first.split_whitespace().next()?)?;
+    if magic != SYNC_MARKER {
+        return None;
+    }
+    let mut next = || words.next().and_then(number);
+    let kind = match next()? {
+        1 => SyncKind::Attach,
+        2 => SyncKind::Acquire,
+        3 => SyncKind::Release,
+        4 => SyncKind::Wait,
+        5 => SyncKind::Hold,
+        6 => SyncKind::Drop,
+        _ => return None,
+    };
+    Some(SyncMarker {
+        kind,
+        object: next()?,
+        site: next().unwrap_or(0),
+        aux: next().unwrap_or(0),
+    })
+}
+
+/// `0x1f`, `31` or `0`.
+fn number(w: &str) -> Option<u64> {
+    let w = w.trim_end_matches(')');
+    match w.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => w.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_read_back_as_strace_prints_them() {
+        let m = parse("0x57534e43 /* PR_??? */, 0x2, 0x5575ad7d9060, 0x5575ad7d6206, 0x24d4")
+            .unwrap();
+        assert_eq!(m.kind, SyncKind::Acquire);
+        assert_eq!(m.object, 0x5575ad7d9060);
+        assert_eq!(m.site, 0x5575ad7d6206);
+        assert_eq!(m.aux, 0x24d4);
+        let a = parse("0x57534e43 /* PR_??? */, 0x1, 0x24d3, 0, 0").unwrap();
+        assert_eq!((a.kind, a.object), (SyncKind::Attach, 0x24d3));
+    }
+
+    #[test]
+    fn other_prctls_and_unknown_kinds_are_not_markers() {
+        assert_eq!(parse("PR_SET_NAME, \"wringer-rx-7\""), None);
+        assert_eq!(parse("0x57534e43 /* PR_??? */, 0x9, 0x1, 0, 0"), None);
+        assert_eq!(parse("0x1234 /* PR_??? */, 0x2, 0x1, 0, 0"), None);
+    }
+}

@@ -1,0 +1,342 @@
+/*
+ * The sync observer: preloaded into audited programs, it reports who waited for whom.
+ *
+ * Every pthread operation that orders one thread after another (a mutex, rwlock or spinlock
+ * released and taken, a condition signalled and waited for, a semaphore posted and taken, a
+ * barrier passed, a thread's end and its join) is told to the syscall recorder as a marker
+ * syscall on the calling thread:
+ *
+ *     prctl(WRINGER_SYNC, kind, object, call site, 0)    -> EINVAL, no effect
+ *
+ * prctl is cheap, already recorded by both recorders (eBPF and strace), and carries five
+ * arguments. A marker therefore lands in the one trace, in the thread's own order among its
+ * descriptor calls: no second file, no clocks to merge. The checker turns markers into
+ * happens-before edges (orchestration/happens_before.rs).
+ *
+ * To keep the trace small, a lock's acquire is only reported when another thread released it
+ * last, and its release only once a second thread has taken it: a lock one thread keeps to
+ * itself orders nothing and costs no marker.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define WRINGER_SYNC 0x57534e43L /* "WSNC" */
+
+enum {
+    SYNC_ATTACH = 1,  /* the observer is loaded in this process (object: its pid) */
+    SYNC_ACQUIRE = 2, /* the thread is now ordered after the object's releases */
+    SYNC_RELEASE = 3, /* what the thread did so far is ordered before later acquires */
+    SYNC_WAIT = 4,    /* the thread starts a blocking wait on the object (join, cond, sem) */
+    SYNC_HOLD = 5,    /* the thread took a lock (for lock order; object: the lock) */
+    SYNC_DROP = 6,    /* the thread let a lock go */
+};
+
+/* `aux`: for an acquire whose release was not reported (the lock was not shared yet), the
+ * thread that released it last; the checker then orders after that thread's events so far. */
+static void mark_aux(long kind, const void *object, const void *site, long aux)
+{
+    syscall(SYS_prctl, WRINGER_SYNC, kind, (long)(uintptr_t)object, (long)(uintptr_t)site, aux);
+}
+
+static void mark(long kind, const void *object, const void *site)
+{
+    mark_aux(kind, object, site, 0);
+}
+
+/* Locks by address: who released each last, and whether a second thread ever took it. A
+ * fixed open-addressed table; when it is full, every operation is reported (correct, only
+ * larger). */
+#define SLOTS 65536
+struct slot {
+    _Atomic(uintptr_t) key;
+    _Atomic(long) last_releaser;
+    _Atomic(int) shared;
+};
+static struct slot slots[SLOTS];
+
+static struct slot *slot_of(const void *object)
+{
+    uintptr_t key = (uintptr_t)object;
+    if (key == 0)
+        return NULL;
+    size_t h = (size_t)((key >> 3) * 0x9e3779b97f4a7c15ULL) & (SLOTS - 1);
+    for (size_t i = 0; i < 64; i++) {
+        struct slot *s = &slots[(h + i) & (SLOTS - 1)];
+        uintptr_t seen = atomic_load_explicit(&s->key, memory_order_acquire);
+        if (seen == key)
+            return s;
+        if (seen == 0) {
+            uintptr_t empty = 0;
+            if (atomic_compare_exchange_strong(&s->key, &empty, key) || empty == key)
+                return s;
+        }
+    }
+    return NULL;
+}
+
+static long self_tid(void)
+{
+    static __thread long tid;
+    if (!tid)
+        tid = syscall(SYS_gettid);
+    return tid;
+}
+
+/* A lock was taken by this thread. */
+static void took(const void *lock, const void *site)
+{
+    struct slot *s = slot_of(lock);
+    long me = self_tid();
+    if (!s) {
+        mark(SYNC_ACQUIRE, lock, site);
+        mark(SYNC_HOLD, lock, site);
+        return;
+    }
+    long last = atomic_load_explicit(&s->last_releaser, memory_order_relaxed);
+    if (last != 0 && last != me) {
+        int was = atomic_exchange_explicit(&s->shared, 1, memory_order_relaxed);
+        mark_aux(SYNC_ACQUIRE, lock, site, was ? 0 : last);
+    }
+    if (atomic_load_explicit(&s->shared, memory_order_relaxed))
+        mark(SYNC_HOLD, lock, site);
+}
+
+/* A lock is about to be let go by this thread. */
+static void letting_go(const void *lock, const void *site)
+{
+    struct slot *s = slot_of(lock);
+    if (!s) {
+        mark(SYNC_DROP, lock, site);
+        mark(SYNC_RELEASE, lock, site);
+        return;
+    }
+    if (atomic_load_explicit(&s->shared, memory_order_relaxed)) {
+        mark(SYNC_DROP, lock, site);
+        mark(SYNC_RELEASE, lock, site);
+    }
+    atomic_store_explicit(&s->last_releaser, self_tid(), memory_order_relaxed);
+}
+
+#define REAL(ret, name, ...)                                                                   \
+    static ret (*real_##name)(__VA_ARGS__);                                                    \
+    static ret (*get_##name(void))(__VA_ARGS__)                                                \
+    {                                                                                          \
+        if (!real_##name)                                                                      \
+            real_##name = (ret(*)(__VA_ARGS__))dlsym(RTLD_NEXT, #name);                        \
+        return real_##name;                                                                    \
+    }
+
+REAL(int, pthread_mutex_lock, pthread_mutex_t *)
+REAL(int, pthread_mutex_trylock, pthread_mutex_t *)
+REAL(int, pthread_mutex_timedlock, pthread_mutex_t *, const struct timespec *)
+REAL(int, pthread_mutex_unlock, pthread_mutex_t *)
+REAL(int, pthread_rwlock_rdlock, pthread_rwlock_t *)
+REAL(int, pthread_rwlock_wrlock, pthread_rwlock_t *)
+REAL(int, pthread_rwlock_tryrdlock, pthread_rwlock_t *)
+REAL(int, pthread_rwlock_trywrlock, pthread_rwlock_t *)
+REAL(int, pthread_rwlock_unlock, pthread_rwlock_t *)
+REAL(int, pthread_spin_lock, pthread_spinlock_t *)
+REAL(int, pthread_spin_trylock, pthread_spinlock_t *)
+REAL(int, pthread_spin_unlock, pthread_spinlock_t *)
+REAL(int, pthread_cond_wait, pthread_cond_t *, pthread_mutex_t *)
+REAL(int, pthread_cond_timedwait, pthread_cond_t *, pthread_mutex_t *, const struct timespec *)
+REAL(int, pthread_cond_signal, pthread_cond_t *)
+REAL(int, pthread_cond_broadcast, pthread_cond_t *)
+REAL(int, sem_post, sem_t *)
+REAL(int, sem_wait, sem_t *)
+REAL(int, sem_trywait, sem_t *)
+REAL(int, sem_timedwait, sem_t *, const struct timespec *)
+REAL(int, pthread_barrier_wait, pthread_barrier_t *)
+REAL(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *)
+REAL(int, pthread_join, pthread_t, void **)
+REAL(int, pthread_timedjoin_np, pthread_t, void **, const struct timespec *)
+REAL(int, pthread_tryjoin_np, pthread_t, void **)
+REAL(void, pthread_exit, void *)
+
+__attribute__((constructor)) static void attach(void)
+{
+    mark(SYNC_ATTACH, (void *)(uintptr_t)getpid(), NULL);
+}
+
+#define SITE __builtin_return_address(0)
+
+/* A lock call: the real one, and on success what it means for the order. */
+#define LOCKING(name, type, lock)                                                         \
+    int name(type *lock)                                                                       \
+    {                                                                                          \
+        int r = get_##name()(lock);                                                            \
+        if (r == 0)                                                                            \
+            took((const void *)(uintptr_t)lock, SITE);                                         \
+        return r;                                                                              \
+    }
+
+LOCKING(pthread_mutex_lock, pthread_mutex_t, m)
+LOCKING(pthread_mutex_trylock, pthread_mutex_t, m)
+LOCKING(pthread_rwlock_rdlock, pthread_rwlock_t, l)
+LOCKING(pthread_rwlock_wrlock, pthread_rwlock_t, l)
+LOCKING(pthread_rwlock_tryrdlock, pthread_rwlock_t, l)
+LOCKING(pthread_rwlock_trywrlock, pthread_rwlock_t, l)
+LOCKING(pthread_spin_lock, pthread_spinlock_t, l)
+LOCKING(pthread_spin_trylock, pthread_spinlock_t, l)
+
+int pthread_mutex_timedlock(pthread_mutex_t *m, const struct timespec *t)
+{
+    int r = get_pthread_mutex_timedlock()(m, t);
+    if (r == 0)
+        took(m, SITE);
+    return r;
+}
+
+#define UNLOCKING(name, type)                                                                  \
+    int name(type *lock)                                                                       \
+    {                                                                                          \
+        letting_go((const void *)(uintptr_t)lock, SITE);                                       \
+        return get_##name()(lock);                                                             \
+    }
+
+UNLOCKING(pthread_mutex_unlock, pthread_mutex_t)
+UNLOCKING(pthread_rwlock_unlock, pthread_rwlock_t)
+UNLOCKING(pthread_spin_unlock, pthread_spinlock_t)
+
+/* A condition wait lets its mutex go, waits, and takes it again. The signal it waited for is
+ * an edge from the signaller; so is the mutex, from whoever held it meanwhile. */
+int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
+{
+    letting_go(m, SITE);
+    mark(SYNC_WAIT, c, SITE);
+    int r = get_pthread_cond_wait()(c, m);
+    mark(SYNC_ACQUIRE, c, SITE);
+    took(m, SITE);
+    return r;
+}
+
+int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *t)
+{
+    letting_go(m, SITE);
+    mark(SYNC_WAIT, c, SITE);
+    int r = get_pthread_cond_timedwait()(c, m, t);
+    mark(SYNC_ACQUIRE, c, SITE);
+    took(m, SITE);
+    return r;
+}
+
+int pthread_cond_signal(pthread_cond_t *c)
+{
+    mark(SYNC_RELEASE, c, SITE);
+    return get_pthread_cond_signal()(c);
+}
+
+int pthread_cond_broadcast(pthread_cond_t *c)
+{
+    mark(SYNC_RELEASE, c, SITE);
+    return get_pthread_cond_broadcast()(c);
+}
+
+int sem_post(sem_t *s)
+{
+    mark(SYNC_RELEASE, s, SITE);
+    return get_sem_post()(s);
+}
+
+int sem_wait(sem_t *s)
+{
+    mark(SYNC_WAIT, s, SITE);
+    int r = get_sem_wait()(s);
+    if (r == 0)
+        mark(SYNC_ACQUIRE, s, SITE);
+    return r;
+}
+
+int sem_trywait(sem_t *s)
+{
+    int r = get_sem_trywait()(s);
+    if (r == 0)
+        mark(SYNC_ACQUIRE, s, SITE);
+    return r;
+}
+
+int sem_timedwait(sem_t *s, const struct timespec *t)
+{
+    mark(SYNC_WAIT, s, SITE);
+    int r = get_sem_timedwait()(s, t);
+    if (r == 0)
+        mark(SYNC_ACQUIRE, s, SITE);
+    return r;
+}
+
+int pthread_barrier_wait(pthread_barrier_t *b)
+{
+    mark(SYNC_RELEASE, b, SITE);
+    mark(SYNC_WAIT, b, SITE);
+    int r = get_pthread_barrier_wait()(b);
+    mark(SYNC_ACQUIRE, b, SITE);
+    return r;
+}
+
+/* A thread's end is a release on its handle, which its join acquires. */
+struct start {
+    void *(*routine)(void *);
+    void *arg;
+};
+
+static void *trampoline(void *p)
+{
+    struct start s = *(struct start *)p;
+    free(p);
+    void *r = s.routine(s.arg);
+    mark(SYNC_RELEASE, (void *)pthread_self(), (void *)s.routine);
+    return r;
+}
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*routine)(void *), void *arg)
+{
+    struct start *s = malloc(sizeof *s);
+    if (!s)
+        return get_pthread_create()(t, a, routine, arg);
+    s->routine = routine;
+    s->arg = arg;
+    int r = get_pthread_create()(t, a, trampoline, s);
+    if (r != 0)
+        free(s);
+    return r;
+}
+
+void pthread_exit(void *r)
+{
+    mark(SYNC_RELEASE, (void *)pthread_self(), SITE);
+    get_pthread_exit()(r);
+    __builtin_unreachable();
+}
+
+int pthread_join(pthread_t t, void **r)
+{
+    mark(SYNC_WAIT, (void *)t, SITE);
+    int e = get_pthread_join()(t, r);
+    if (e == 0)
+        mark(SYNC_ACQUIRE, (void *)t, SITE);
+    return e;
+}
+
+int pthread_timedjoin_np(pthread_t t, void **r, const struct timespec *ts)
+{
+    mark(SYNC_WAIT, (void *)t, SITE);
+    int e = get_pthread_timedjoin_np()(t, r, ts);
+    if (e == 0)
+        mark(SYNC_ACQUIRE, (void *)t, SITE);
+    return e;
+}
+
+int pthread_tryjoin_np(pthread_t t, void **r)
+{
+    int e = get_pthread_tryjoin_np()(t, r);
+    if (e == 0)
+        mark(SYNC_ACQUIRE, (void *)t, SITE);
+    return e;
+}
