@@ -56,6 +56,27 @@ fn main() {
         ),
     }
     ebpf_audit(&out);
+    sync_observer(&cc, &out);
+}
+
+/// The sync observer (`sync-audit/wringer_sync.c`), preloaded into audited programs: it needs
+/// only libc. Without a C compiler the audit judges order by timing, and says so.
+fn sync_observer(cc: &str, out: &Path) {
+    let src = "sync-audit/wringer_sync.c";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rustc-check-cfg=cfg(sync_observer)");
+    match compile(
+        cc,
+        out,
+        src,
+        "libwringer-sync.so",
+        &["-Wl,-soname,libwringer-sync.so", "-ldl", "-lpthread"],
+    ) {
+        Ok(()) => println!("cargo:rustc-cfg=sync_observer"),
+        Err(why) => println!(
+            "cargo:warning=the sync observer did not build ({why}): the audit orders events by timing in this build"
+        ),
+    }
 }
 
 /// The eBPF audit's kernel program (`ebpf-audit/audit.bpf.c`), compiled by clang for the BPF

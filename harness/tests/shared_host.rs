@@ -535,7 +535,7 @@ fn thousands_of_children_left_behind_are_ended_and_not_a_leak_of_the_rank() {
 #[test]
 fn a_role_never_ready_is_ended_by_the_step_deadline_and_replays_fit_the_scenario_deadline() {
     let dir = scratch("never-ready");
-    let file = repo().join("harness/tests/fixtures/exec/never-ready.yaml");
+    let file = repo().join("harness/tests/fixtures/exec/never-ready-untimed.yaml");
     let o = Command::new(WRINGER)
         .current_dir(&dir)
         .args(["run", "--hosts", &hosts(), "--report-dir", "r"])

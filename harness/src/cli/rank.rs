@@ -34,6 +34,10 @@ pub struct Args {
     /// `PREFIX.<pid>.verbs` (this process and every program it starts).
     #[arg(long)]
     pub verbs_trace: Option<String>,
+    /// The happens-before audit: re-exec with the sync observer preloaded (this process and
+    /// every program it starts report their pthread synchronisation into the syscall trace).
+    #[arg(long)]
+    pub sync_observer: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -47,7 +51,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         bind_interface,
         trace_words,
         verbs_trace,
+        sync_observer,
     } = a;
+    if sync_observer {
+        wringer::rank::sync_observer::preload_self()?;
+    }
     if let Some(prefix) = &verbs_trace {
         wringer::rank::verbs_observer::preload_self(prefix)?;
     }
@@ -67,6 +75,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         (None, None) => Err(anyhow::anyhow!("`wringer rank` needs --rank or --slurm")),
     };
-    wringer::rank::verbs_observer::remove_written();
+    wringer::rank::preload::remove_written();
     code
 }

@@ -78,8 +78,8 @@ mod tests {
 
     #[test]
     fn markers_read_back_as_strace_prints_them() {
-        let m = parse("0x57534e43 /* PR_??? */, 0x2, 0x5575ad7d9060, 0x5575ad7d6206, 0x24d4")
-            .unwrap();
+        let m =
+            parse("0x57534e43 /* PR_??? */, 0x2, 0x5575ad7d9060, 0x5575ad7d6206, 0x24d4").unwrap();
         assert_eq!(m.kind, SyncKind::Acquire);
         assert_eq!(m.object, 0x5575ad7d9060);
         assert_eq!(m.site, 0x5575ad7d6206);

@@ -10,6 +10,15 @@
 //!   there only those count, since its other threads read their own frames and live on;
 //! - use after close: a thread that used an fd before its close uses the number again after
 //!   it (EBADF, or someone else's reused descriptor), or any call on it fails with EBADF;
+//! - double close: a thread that held a descriptor closes its number again (EBADF);
+//!
+//! Where the sync observer is loaded (its `prctl` markers in the trace), order is judged by
+//! happens-before, not by timing: a release is a violation when another thread's wait or
+//! receive on the descriptor is not ordered before it (no join, lock, condition, semaphore or
+//! message between them), whether or not the race showed in this run; a thread that held the
+//! previous descriptor of a reused number and uses (or closes) the new one without being
+//! ordered after its creation is using a stale handle. Probes (`fcntl` F_GETFD/F_SETFD/
+//! F_GETFL/F_SETFL) are not uses, and a program image's descriptors end at its `execve`.
 //! - leaks (`leaks`): fds and threads created during a step and still open or alive at its end;
 //! - waits without a bound (`unbounded-waits`): blocking calls with no timeout still in progress
 //!   when the trace ends (reported when the watchdog fired).
@@ -19,6 +28,8 @@ use std::fmt;
 use std::path::Path;
 
 use crate::model::scenario::{AuditBackend, AuditCheck, Perturb};
+use crate::model::sync_marker::{self, SyncKind};
+use crate::orchestration::happens_before::{Epoch, HappensBefore, Object};
 
 /// The syscalls the audit needs to see (strace's `-e trace=`): sockets, threads and processes,
 /// every call that makes a descriptor, and the calls that use or close one. Not mmap, stat and
@@ -298,6 +309,9 @@ fn named_receiver(args: &str) -> Option<i32> {
 /// `select` waits for, both ends of a `splice`-like copy. A thread asleep in a `poll` on
 /// several is inside a call on each of them, as much as one asleep in `recvfrom`.
 fn fds_of(name: &str, args: &str) -> Vec<i32> {
+    if is_probe(name, args) {
+        return vec![];
+    }
     let nth = |n: usize| -> Option<i32> {
         let a = args.split([',', ')']).nth(n)?.trim();
         a.parse().ok().filter(|fd: &i32| *fd >= 0)
@@ -336,6 +350,35 @@ fn selected_fds(args: &str) -> Vec<i32> {
     fds.sort_unstable();
     fds.dedup();
     fds
+}
+
+/// A call that asks about a number without using what it names: whether it is open and how
+/// (bash probes its script's fd 255 this way; launchers mark every number close-on-exec). An
+/// EBADF there is an answer, not a use after close.
+fn is_probe(name: &str, args: &str) -> bool {
+    name == "fcntl"
+        && ["F_GETFD", "F_SETFD", "F_GETFL", "F_SETFL"]
+            .iter()
+            .any(|op| args.contains(op))
+}
+
+/// Calls in which a thread waits for what a descriptor brings: its receiver, in the sense of
+/// the happens-before check of a release.
+fn waits_on(name: &str) -> bool {
+    receives(name)
+        || waits_on_epoll(name)
+        || matches!(
+            name,
+            "poll" | "ppoll" | "select" | "pselect6" | "accept" | "accept4"
+        )
+}
+
+/// Calls that put a message into a kernel channel (a pipe, socket pair or eventfd).
+fn sends(name: &str) -> bool {
+    matches!(
+        name,
+        "write" | "writev" | "pwrite64" | "sendto" | "sendmsg" | "sendmmsg"
+    )
 }
 
 fn waits_on_epoll(name: &str) -> bool {
@@ -440,10 +483,31 @@ fn cloned_thread(name: &str, args: &str, ret: &str) -> Option<(u32, bool)> {
 struct Fd {
     /// Threads that used it at all since it was created.
     users: BTreeSet<u32>,
-    /// Where it was closed, while it stays closed.
+    /// Where it was closed, while it stays closed, and by which thread.
     closed_at: Option<usize>,
+    closer: Option<u32>,
     /// Where it was created, when that was inside the running step (for `leaks`).
     created: Option<usize>,
+    /// Each other thread's last wait or receive on it, for the happens-before check of its
+    /// release.
+    last_wait: BTreeMap<u32, Use>,
+    /// When and by which thread this descriptor of the number was made (none: before the
+    /// trace began).
+    made: Option<Epoch>,
+    /// The threads that used the previous descriptor of this number, and who closed that one:
+    /// a use by one of them not ordered after `made` is a stale handle.
+    stale: BTreeSet<u32>,
+    stale_closer: Option<u32>,
+    /// The kernel channel it is an end of (pipe, socket pair, eventfd): a message sent into it
+    /// orders the sender before the receiver.
+    channel: Option<u64>,
+}
+
+/// One thread's call on a descriptor, as the happens-before check needs it.
+struct Use {
+    at: Epoch,
+    line: usize,
+    call: String,
 }
 
 #[derive(Default)]
@@ -468,6 +532,11 @@ struct Process {
     /// Each epoll instance's registered descriptors (`epoll_ctl` ADD and DEL): a thread in
     /// `epoll_wait` waits for every one of them.
     epoll_sets: BTreeMap<i32, BTreeSet<i32>>,
+    /// The sync observer is loaded in it: its pthread synchronisation is in the trace, and
+    /// releases are judged by happens-before.
+    observed: bool,
+    /// Threads that ever named themselves a descriptor's receiver (`wringer-rx-FD`).
+    named_receivers: BTreeMap<i32, BTreeSet<u32>>,
 }
 
 /// A call in progress on a thread.
@@ -501,6 +570,9 @@ struct Audit<'a> {
     /// Per process, the line where the running step started.
     step: BTreeMap<u32, usize>,
     out: Vec<Violation>,
+    hb: HappensBefore,
+    /// Kernel channels (pipes, socket pairs, eventfds) numbered as they are made.
+    channels: u64,
 }
 
 impl Audit<'_> {
@@ -583,6 +655,7 @@ impl Audit<'_> {
                     }
                 }
                 Event::Exited => {
+                    self.hb.release(tid, Object::ProcessEnd(pid));
                     self.inside.remove(&tid);
                     if let Some(p) = self.procs.get_mut(&pid) {
                         p.threads.remove(&tid);
@@ -647,6 +720,11 @@ impl Audit<'_> {
             }
         };
         match name {
+            "close" if ret.contains("EBADF") => {
+                if let Some(fd) = arg(0).filter(|fd| *fd >= 0) {
+                    self.double_close(pid, tid, fd as i32, i);
+                }
+            }
             "close" => {
                 if let Some(fd) = arg(0).filter(|fd| ok && *fd >= 0) {
                     self.close(pid, tid, fd as i32, "close", i);
@@ -720,6 +798,25 @@ impl Audit<'_> {
     }
 
     fn use_fd(&mut self, pid: u32, tid: u32, name: &str, fd: i32, i: usize) {
+        let now = self.hb.now(tid);
+        let p = self.procs.entry(pid).or_default();
+        let f = p.fds.entry(fd).or_default();
+        if waits_on(name) {
+            f.last_wait.insert(
+                tid,
+                Use {
+                    at: now,
+                    line: i,
+                    call: name.to_string(),
+                },
+            );
+        }
+        // A message into a pipe, socket pair or eventfd orders its sender before whoever
+        // reads it: released as it is sent, before the reader can return with it.
+        if let Some(id) = f.channel.filter(|_| sends(name)) {
+            self.hb.release(tid, Object::Channel { pid, id });
+        }
+        self.stale_handle(pid, tid, fd, name, i);
         let p = self.procs.entry(pid).or_default();
         let f = p.fds.entry(fd).or_default();
         match f.closed_at {
@@ -748,6 +845,7 @@ impl Audit<'_> {
     /// `fd` is released by `how` (close, close_range, dup2, dup3) on thread `tid`.
     fn close(&mut self, pid: u32, tid: u32, fd: i32, how: &str, i: usize) {
         self.touch(pid, tid, how, &[], i);
+        self.stale_handle(pid, tid, fd, how, i);
         if self.on(AuditCheck::FdLifecycle) {
             let in_use: Vec<(u32, String, bool, usize)> = self
                 .inside
@@ -758,6 +856,8 @@ impl Audit<'_> {
                     Some((*t, c.name.clone(), through_set, c.line))
                 })
                 .collect();
+            // Threads inside a call on it now: flagged as such, not again below.
+            let busy: BTreeSet<u32> = in_use.iter().map(|(t, ..)| *t).collect();
             let verb = if how == "close" {
                 "closed".to_string()
             } else {
@@ -780,12 +880,16 @@ impl Audit<'_> {
                     &[at],
                 );
             }
+            if self.procs[&pid].observed {
+                self.unordered_waits(pid, tid, fd, &verb, &busy, i);
+            }
             let p = &self.procs[&pid];
             let receivers: Vec<u32> = p
                 .threads
                 .iter()
                 .filter(|(t, th)| {
                     **t != tid
+                        && !p.observed
                         && if p.names_receivers {
                             th.named_receiver_of == Some(fd)
                         } else {
@@ -811,7 +915,9 @@ impl Audit<'_> {
                 th.receiving = None;
             }
         }
-        p.fds.entry(fd).or_default().closed_at = Some(i);
+        let f = p.fds.entry(fd).or_default();
+        f.closed_at = Some(i);
+        f.closer = Some(tid);
         // The kernel drops a closed descriptor from every epoll set (its last reference).
         p.epoll_sets.remove(&fd);
         p.epoll_sets.values_mut().for_each(|s| {
@@ -819,16 +925,160 @@ impl Audit<'_> {
         });
     }
 
+    /// A close that failed with EBADF, by a thread that held the descriptor (used it, or
+    /// closed it already): a double close. A sweep that closes every number (before an exec)
+    /// never held the ones it misses, and is not one.
+    fn double_close(&mut self, pid: u32, tid: u32, fd: i32, i: usize) {
+        let Some(f) = self.procs.get(&pid).and_then(|p| p.fds.get(&fd)) else {
+            return;
+        };
+        let Some(closed) = f.closed_at else {
+            return;
+        };
+        let held = f.users.contains(&tid) || f.closer == Some(tid);
+        if !held || !self.on(AuditCheck::FdLifecycle) {
+            return;
+        }
+        let by = f.closer.map_or_else(|| "?".into(), |t| t.to_string());
+        self.flag(
+            "double close",
+            pid,
+            Some(fd),
+            format!(
+                "thread {tid} closed fd {fd} again: thread {by} had closed it (line {}), and the \
+                 close failed with EBADF; had the number been reopened in between, it would \
+                 have closed someone else's descriptor",
+                closed + 1
+            ),
+            i,
+            &[closed],
+        );
+    }
+
+    /// A stale handle: `tid` held the number's previous descriptor (someone else closed it)
+    /// and uses or closes the new one with nothing ordering it after its creation. Checked
+    /// once per thread and descriptor, where the sync observer is loaded.
+    fn stale_handle(&mut self, pid: u32, tid: u32, fd: i32, name: &str, i: usize) {
+        let Some(p) = self.procs.get_mut(&pid).filter(|p| p.observed) else {
+            return;
+        };
+        let Some(f) = p.fds.get_mut(&fd) else {
+            return;
+        };
+        if f.closed_at.is_some() || !f.stale.remove(&tid) || f.stale_closer == Some(tid) {
+            return;
+        }
+        let Some(made) = f.made.filter(|m| m.tid != tid) else {
+            return;
+        };
+        let closer = f.stale_closer.map_or_else(|| "?".into(), |t| t.to_string());
+        if self.hb.ordered_before(made, tid) || !self.on(AuditCheck::FdLifecycle) {
+            return;
+        }
+        let (check, how) = if name == "close" {
+            ("double close", "closed")
+        } else {
+            ("use after close", "used")
+        };
+        self.flag(
+            check,
+            pid,
+            Some(fd),
+            format!(
+                "thread {tid} {how} fd {fd} with {name}() through a stale handle: the descriptor \
+                 it held was closed by thread {closer} and the number reopened by thread {}, and \
+                 nothing orders this call after that reopening",
+                made.tid
+            ),
+            i,
+            &[],
+        );
+    }
+
+    /// The happens-before check of a release by `tid`: every other thread's last wait or
+    /// receive on `fd` must be ordered before it. In a process that names its receivers, only
+    /// theirs count (its other threads read their own frames, and shared ownership keeps the
+    /// descriptor open for them).
+    fn unordered_waits(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        fd: i32,
+        verb: &str,
+        busy: &BTreeSet<u32>,
+        i: usize,
+    ) {
+        let p = &self.procs[&pid];
+        let named = p.named_receivers.get(&fd);
+        let candidates: Vec<(u32, Epoch, usize, String)> = p
+            .fds
+            .get(&fd)
+            .map(|f| {
+                f.last_wait
+                    .iter()
+                    .filter(|(t, _)| **t != tid && !busy.contains(t))
+                    .filter(|(t, _)| !p.names_receivers || named.is_some_and(|n| n.contains(t)))
+                    .map(|(t, u)| (*t, u.at, u.line, u.call.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (other, at, line, call) in candidates {
+            if self.hb.ordered_before(at, tid) {
+                continue;
+            }
+            self.flag(
+                "close before the receiver is done",
+                pid,
+                Some(fd),
+                format!(
+                    "thread {tid} {verb} fd {fd}, and nothing orders thread {other}'s {call}({fd}) \
+                     (line {}) before it: no join, lock, condition, semaphore or message between \
+                     them, so in another run that {call} comes after the close",
+                    line + 1
+                ),
+                i,
+                &[line],
+            );
+        }
+    }
+
+    /// A sync observer's marker: an edge of happens-before, or the observer saying it is here.
+    fn sync(&mut self, pid: u32, tid: u32, m: sync_marker::SyncMarker) {
+        let object = Object::Address {
+            pid,
+            addr: m.object,
+        };
+        match m.kind {
+            SyncKind::Attach => self.procs.entry(pid).or_default().observed = true,
+            SyncKind::Release => self.hb.release(tid, object),
+            SyncKind::Acquire => {
+                if !self.hb.acquire(tid, object) && m.aux != 0 {
+                    self.hb.acquire_from_thread(tid, m.aux as u32);
+                }
+            }
+            SyncKind::Wait | SyncKind::Hold | SyncKind::Drop => {}
+        }
+    }
+
     /// What a finished call leaves behind: new fds, new threads, EBADF, step markers.
     fn effects(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
         let in_step = self.step.contains_key(&pid).then_some(i);
+        if let Some(m) = (name == "prctl")
+            .then(|| sync_marker::parse(args))
+            .flatten()
+        {
+            self.sync(pid, tid, m);
+            return;
+        }
         if let Some(fd) = (name == "prctl").then(|| named_receiver(args)).flatten() {
             let p = self.procs.entry(pid).or_default();
             p.names_receivers = true;
+            p.named_receivers.entry(fd).or_default().insert(tid);
             p.threads.entry(tid).or_default().named_receiver_of = Some(fd);
             return;
         }
         if let Some((child, thread)) = cloned_thread(name, args, ret) {
+            self.hb.spawn(tid, child);
             if thread {
                 self.tgid.insert(child, pid);
                 let p = self.procs.entry(pid).or_default();
@@ -836,7 +1086,59 @@ impl Audit<'_> {
             }
             return;
         }
-        for new in creates_fds(name, args, ret) {
+        let returned: Option<i64> = ret.split_whitespace().next().and_then(|r| r.parse().ok());
+        if matches!(name, "wait4" | "waitid") {
+            if let Some(child) = returned.filter(|r| *r > 0) {
+                self.hb.acquire(tid, Object::ProcessEnd(child as u32));
+            }
+        }
+        if name == "execve" && returned == Some(0) {
+            // A new program image: its predecessor's closes and users are not its own.
+            let p = self.procs.entry(pid).or_default();
+            p.fds.retain(|_, f| f.closed_at.is_none());
+            for f in p.fds.values_mut() {
+                f.users.clear();
+                f.last_wait.clear();
+                f.stale.clear();
+            }
+        }
+        let first_fd = fds_of(name, args).first().copied();
+        if let Some(fd) = first_fd {
+            let channel = self
+                .procs
+                .get(&pid)
+                .and_then(|p| p.fds.get(&fd))
+                .and_then(|f| f.channel);
+            if name == "shutdown" && returned == Some(0) {
+                // The read a shutdown ends (its EOF) is ordered after the shutdown.
+                self.hb.release(
+                    tid,
+                    Object::Channel {
+                        pid,
+                        id: shutdown_channel(fd),
+                    },
+                );
+            }
+            if receives(name) && returned == Some(0) {
+                self.hb.acquire(
+                    tid,
+                    Object::Channel {
+                        pid,
+                        id: shutdown_channel(fd),
+                    },
+                );
+            }
+            if let Some(id) = channel.filter(|_| receives(name) && returned.is_some_and(|n| n > 0))
+            {
+                self.hb.acquire(tid, Object::Channel { pid, id });
+            }
+        }
+        let made = creates_fds(name, args, ret);
+        let channel = (made.len() == 2 || name.starts_with("eventfd")).then(|| {
+            self.channels += 1;
+            self.channels
+        });
+        for new in made {
             // The kernel hands out a number only once it is free: a close of it still in
             // progress on another thread (its return not yet in the trace) is over by now.
             let closing: Vec<u32> = self
@@ -851,10 +1153,20 @@ impl Audit<'_> {
                 self.inside.remove(&closer);
                 self.close(pid, closer, new, "close", i);
             }
-            self.procs.entry(pid).or_default().fds.insert(
+            let made_at = self.hb.now(tid);
+            let fds = &mut self.procs.entry(pid).or_default().fds;
+            let (stale, stale_closer) = match fds.get(&new) {
+                Some(old) if old.closed_at.is_some() => (old.users.clone(), old.closer),
+                _ => (BTreeSet::new(), None),
+            };
+            fds.insert(
                 new,
                 Fd {
                     created: in_step,
+                    made: Some(made_at),
+                    stale,
+                    stale_closer,
+                    channel,
                     ..Fd::default()
                 },
             );
@@ -970,6 +1282,11 @@ impl Audit<'_> {
             );
         }
     }
+}
+
+/// The channel a descriptor's `shutdown` releases into and the read it ends (EOF) acquires.
+fn shutdown_channel(fd: i32) -> u64 {
+    (1 << 63) | fd as u32 as u64
 }
 
 /// A blocking call that was given no timeout.

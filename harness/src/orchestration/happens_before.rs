@@ -127,7 +127,10 @@ mod tests {
         let mut hb = HappensBefore::default();
         hb.spawn(1, 2);
         let read = hb.now(2);
-        assert!(!hb.ordered_before(read, 1), "the parent's later close races the read");
+        assert!(
+            !hb.ordered_before(read, 1),
+            "the parent's later close races the read"
+        );
         let close = hb.now(1);
         assert!(!hb.ordered_before(close, 2));
     }
@@ -152,7 +155,10 @@ mod tests {
         let after = hb.now(2);
         assert!(hb.acquire(1, L));
         assert!(hb.ordered_before(read, 1));
-        assert!(!hb.ordered_before(after, 1), "a call after the release is not covered");
+        assert!(
+            !hb.ordered_before(after, 1),
+            "a call after the release is not covered"
+        );
     }
 
     #[test]
@@ -163,7 +169,10 @@ mod tests {
         assert!(!hb.acquire(1, L));
         assert!(!hb.ordered_before(read, 1));
         hb.release(2, L);
-        assert!(!hb.ordered_before(read, 1), "a release after the acquire does not count");
+        assert!(
+            !hb.ordered_before(read, 1),
+            "a release after the acquire does not count"
+        );
     }
 
     #[test]
@@ -185,7 +194,10 @@ mod tests {
         let mut hb = HappensBefore::default();
         hb.spawn(1, 2);
         let last = hb.now(2);
-        let handle = Object::Address { pid: 1, addr: 0x7f00 };
+        let handle = Object::Address {
+            pid: 1,
+            addr: 0x7f00,
+        };
         hb.release(2, handle);
         assert!(!hb.ordered_before(last, 1));
         hb.acquire(1, handle);

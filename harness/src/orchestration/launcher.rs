@@ -63,6 +63,12 @@ impl Tracing<'_> {
     pub fn verbs(&self) -> bool {
         self.checks.contains(&AuditCheck::VerbsLifecycle)
     }
+
+    /// Whether ranks run with the sync observer preloaded: their descriptor checks are judged
+    /// by happens-before (where this build has the observer).
+    pub fn sync(&self) -> bool {
+        self.checks.contains(&AuditCheck::FdLifecycle) && crate::rank::sync_observer::available()
+    }
 }
 
 pub struct RankGroup {
@@ -173,6 +179,9 @@ impl RankGroup {
                     if group.verbs {
                         c.arg("--verbs-trace").arg(group.verbs_prefix(rank));
                     }
+                    if tracing.is_some_and(Tracing::sync) {
+                        c.arg("--sync-observer");
+                    }
                     c.env(TOKEN_ENV, token).stdin(Stdio::null());
                     c
                 }
@@ -202,6 +211,9 @@ impl RankGroup {
                     let prefix = group.verbs_prefix(rank);
                     if group.verbs {
                         words.extend(["--verbs-trace", &prefix]);
+                    }
+                    if tracing.is_some_and(Tracing::sync) {
+                        words.push("--sync-observer");
                     }
                     let crate::hosts::shell::Via::Ssh(ssh) = &h.target.via else {
                         anyhow::bail!(

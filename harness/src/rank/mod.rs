@@ -2,8 +2,10 @@
 //! coordinator, what a step sees of its rank, and the step kinds.
 
 pub mod context;
+pub mod preload;
 pub mod protocol;
 pub mod slurm_task;
 pub mod steps;
+pub mod sync_observer;
 pub mod verbs_observer;
 pub mod worker;

@@ -287,8 +287,20 @@ fn args_text(s: &Syscall, enter: &Event, exit: Option<&Event>) -> String {
         }
         // The sync observer's markers, as strace prints them (every argument in hex).
         "prctl" if a(0) == crate::model::sync_marker::SYNC_MARKER => {
-            let hex = |i: usize| if a(i) == 0 { "0".to_string() } else { format!("{:#x}", a(i)) };
-            vec![format!("{:#x} /* PR_??? */", a(0)), hex(1), hex(2), hex(3), hex(4)]
+            let hex = |i: usize| {
+                if a(i) == 0 {
+                    "0".to_string()
+                } else {
+                    format!("{:#x}", a(i))
+                }
+            };
+            vec![
+                format!("{:#x} /* PR_??? */", a(0)),
+                hex(1),
+                hex(2),
+                hex(3),
+                hex(4),
+            ]
         }
         "prctl" if a(0) == libc::PR_SET_NAME as u64 => {
             vec!["PR_SET_NAME".into(), quoted(trim_nul(cap(0)), usize::MAX)]
