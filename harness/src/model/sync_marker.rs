@@ -63,9 +63,10 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
     })
 }
 
-/// `0x1f`, `31` or `0`.
+/// `0x1f`, `31` or `0`; the last argument may run on into the call's result
+/// (`0x2a4a) = -1 EINVAL (Invalid argument)`).
 fn number(w: &str) -> Option<u64> {
-    let w = w.trim_end_matches(')');
+    let w = w.split(')').next()?.trim();
     match w.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16).ok(),
         None => w.parse().ok(),
@@ -84,6 +85,9 @@ mod tests {
         assert_eq!(m.object, 0x5575ad7d9060);
         assert_eq!(m.site, 0x5575ad7d6206);
         assert_eq!(m.aux, 0x24d4);
+        let whole =
+            "0x57534e43 /* PR_??? */, 0x2, 0x10, 0x20, 0x2a4a) = -1 EINVAL (Invalid argument)";
+        assert_eq!(parse(whole).unwrap().aux, 0x2a4a);
         let a = parse("0x57534e43 /* PR_??? */, 0x1, 0x24d3, 0, 0").unwrap();
         assert_eq!((a.kind, a.object), (SyncKind::Attach, 0x24d3));
     }

@@ -535,8 +535,6 @@ struct Process {
     /// The sync observer is loaded in it: its pthread synchronisation is in the trace, and
     /// releases are judged by happens-before.
     observed: bool,
-    /// Threads that ever named themselves a descriptor's receiver (`wringer-rx-FD`).
-    named_receivers: BTreeMap<i32, BTreeSet<u32>>,
 }
 
 /// A call in progress on a thread.
@@ -856,8 +854,6 @@ impl Audit<'_> {
                     Some((*t, c.name.clone(), through_set, c.line))
                 })
                 .collect();
-            // Threads inside a call on it now: flagged as such, not again below.
-            let busy: BTreeSet<u32> = in_use.iter().map(|(t, ..)| *t).collect();
             let verb = if how == "close" {
                 "closed".to_string()
             } else {
@@ -880,8 +876,14 @@ impl Audit<'_> {
                     &[at],
                 );
             }
-            if self.procs[&pid].observed {
-                self.unordered_waits(pid, tid, fd, &verb, &busy, i);
+            let p = &self.procs[&pid];
+            // A process that names its receivers (wringer's transport) has said which threads
+            // must be done before a close: they must have exited. Its callers hand the socket
+            // on by shared ownership (atomics no trace shows), so order between them is not
+            // judged by happens-before there.
+            let by_order = p.observed && !p.names_receivers;
+            if by_order {
+                self.unordered_waits(pid, tid, fd, &verb, i);
             }
             let p = &self.procs[&pid];
             let receivers: Vec<u32> = p
@@ -889,7 +891,7 @@ impl Audit<'_> {
                 .iter()
                 .filter(|(t, th)| {
                     **t != tid
-                        && !p.observed
+                        && !by_order
                         && if p.names_receivers {
                             th.named_receiver_of == Some(fd)
                         } else {
@@ -936,7 +938,7 @@ impl Audit<'_> {
             return;
         };
         let held = f.users.contains(&tid) || f.closer == Some(tid);
-        if !held || !self.on(AuditCheck::FdLifecycle) {
+        if !held || !self.on(AuditCheck::FdLifecycle) || self.in_sweep(tid, fd, i) {
             return;
         }
         let by = f.closer.map_or_else(|| "?".into(), |t| t.to_string());
@@ -953,6 +955,44 @@ impl Audit<'_> {
             i,
             &[closed],
         );
+    }
+
+    /// Whether the close of `fd` at line `i` is one of a sweep over every number (before an
+    /// exec, or a daemon's start): this thread's closes around it make a run of three
+    /// consecutive numbers with it.
+    fn in_sweep(&self, tid: u32, fd: i32, i: usize) -> bool {
+        let closed_by_tid = |line: &str| -> Option<i32> {
+            let (t, ev) = parse_line(line)?;
+            match ev {
+                Event::Call {
+                    name: "close",
+                    args,
+                    ..
+                }
+                | Event::Started {
+                    name: "close",
+                    args,
+                } if t == tid => args.split([',', ')']).next()?.trim().parse().ok(),
+                _ => None,
+            }
+        };
+        let next: Vec<i32> = self.lines[i + 1..]
+            .iter()
+            .take(128)
+            .filter_map(|l| closed_by_tid(l))
+            .take(2)
+            .collect();
+        let prev: Vec<i32> = self.lines[..i]
+            .iter()
+            .rev()
+            .take(128)
+            .filter_map(|l| closed_by_tid(l))
+            .take(2)
+            .collect();
+        // A run of three consecutive numbers with this one in it.
+        let after = |k: usize| next.get(k) == Some(&(fd + 1 + k as i32));
+        let before = |k: usize| prev.get(k) == Some(&(fd - 1 - k as i32));
+        (after(0) && after(1)) || (before(0) && before(1)) || (before(0) && after(0))
     }
 
     /// A stale handle: `tid` held the number's previous descriptor (someone else closed it)
@@ -996,28 +1036,16 @@ impl Audit<'_> {
     }
 
     /// The happens-before check of a release by `tid`: every other thread's last wait or
-    /// receive on `fd` must be ordered before it. In a process that names its receivers, only
-    /// theirs count (its other threads read their own frames, and shared ownership keeps the
-    /// descriptor open for them).
-    fn unordered_waits(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        fd: i32,
-        verb: &str,
-        busy: &BTreeSet<u32>,
-        i: usize,
-    ) {
+    /// receive on `fd` must be ordered before it.
+    fn unordered_waits(&mut self, pid: u32, tid: u32, fd: i32, verb: &str, i: usize) {
         let p = &self.procs[&pid];
-        let named = p.named_receivers.get(&fd);
         let candidates: Vec<(u32, Epoch, usize, String)> = p
             .fds
             .get(&fd)
             .map(|f| {
                 f.last_wait
                     .iter()
-                    .filter(|(t, _)| **t != tid && !busy.contains(t))
-                    .filter(|(t, _)| !p.names_receivers || named.is_some_and(|n| n.contains(t)))
+                    .filter(|(t, _)| **t != tid)
                     .map(|(t, u)| (*t, u.at, u.line, u.call.clone()))
                     .collect()
             })
@@ -1073,7 +1101,6 @@ impl Audit<'_> {
         if let Some(fd) = (name == "prctl").then(|| named_receiver(args)).flatten() {
             let p = self.procs.entry(pid).or_default();
             p.names_receivers = true;
-            p.named_receivers.entry(fd).or_default().insert(tid);
             p.threads.entry(tid).or_default().named_receiver_of = Some(fd);
             return;
         }
