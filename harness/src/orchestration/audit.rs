@@ -1350,6 +1350,120 @@ mod tests {
 100 1.007 close(7)                = 0
 ";
 
+    const M: &str = "prctl(0x57534e43 /* PR_??? */";
+
+    /// The sync observer's lines: attach, and (thread, kind, object).
+    fn observed(body: &str) -> String {
+        format!("100 0.9 {M}, 0x1, 0x64, 0, 0) = -1 EINVAL (Invalid argument)\n{body}")
+    }
+
+    /// A reader that read once and ended, and a close with or without the join before it.
+    fn read_then(join_first: bool) -> String {
+        let join = format!(
+            "101 1.004 {M}, 0x3, 0x7f00, 0x1, 0) = -1 EINVAL\n101 1.005 +++ exited with 0 +++\n\
+             100 1.006 {M}, 0x2, 0x7f00, 0x2, 0) = -1 EINVAL\n"
+        );
+        let close = "100 1.007 close(7) = 0\n";
+        let head = "100 1.000 socketpair(AF_UNIX, SOCK_STREAM, 0, [7, 8]) = 0\n\
+                    100 1.001 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101\n\
+                    101 1.002 read(7, \"x\", 8) = 1\n";
+        if join_first {
+            observed(&format!("{head}{join}{close}"))
+        } else {
+            observed(&format!("{head}{close}{join}"))
+        }
+    }
+
+    #[test]
+    fn a_release_is_judged_by_happens_before_where_the_observer_is_loaded() {
+        assert_eq!(checks_of(&read_then(true), LIFECYCLE), Vec::<&str>::new());
+        let v = analyse(&read_then(false), LIFECYCLE);
+        assert_eq!(v.len(), 1, "{v:#?}");
+        assert_eq!(v[0].check, "close before the receiver is done");
+        assert!(
+            v[0].detail.contains("nothing orders thread 101's read(7)"),
+            "{}",
+            v[0].detail
+        );
+    }
+
+    #[test]
+    fn a_message_through_a_pipe_orders_its_sender_before_its_reader() {
+        let trace = observed(
+            "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 7\n\
+             100 1.001 pipe2([8, 9], 0) = 0\n\
+             100 1.002 clone3({flags=CLONE_VM|CLONE_THREAD} => {parent_tid=[101]}, 88) = 101\n\
+             101 1.003 recvfrom(7, \"\", 8, 0, NULL, NULL) = 0\n\
+             101 1.004 write(9, \"d\", 1) = 1\n\
+             100 1.005 read(8, \"d\", 1) = 1\n\
+             100 1.006 close(7) = 0\n",
+        );
+        assert!(checks_of(&trace, LIFECYCLE).is_empty());
+        // Without the message, the same close is not ordered after the receive.
+        let racy = trace.replace("101 1.004 write(9, \"d\", 1) = 1\n", "");
+        assert_eq!(
+            checks_of(&racy, LIFECYCLE),
+            vec!["close before the receiver is done"]
+        );
+    }
+
+    #[test]
+    fn probes_and_a_new_image_are_not_uses_after_close() {
+        let trace = "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 5\n\
+                     100 1.001 read(5, \"\", 8) = 0\n\
+                     100 1.002 close(5) = 0\n\
+                     100 1.003 fcntl(5, F_GETFD) = -1 EBADF (Bad file descriptor)\n\
+                     100 1.004 fcntl(5, F_SETFD, FD_CLOEXEC) = -1 EBADF (Bad file descriptor)\n\
+                     100 1.005 execve(\"/bin/sh\", [\"sh\"], 0x1) = 0\n\
+                     100 1.006 read(5, \"\", 8) = -1 EBADF (Bad file descriptor)\n";
+        assert!(
+            checks_of(trace, LIFECYCLE).is_empty(),
+            "{:#?}",
+            analyse(trace, LIFECYCLE)
+        );
+    }
+
+    #[test]
+    fn a_second_close_by_the_holder_is_a_double_close_and_a_sweep_is_not() {
+        let head = "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 5\n\
+                    100 1.001 read(5, \"\", 8) = 0\n\
+                    100 1.002 close(5) = 0\n";
+        let twice = format!("{head}100 1.003 close(5) = -1 EBADF (Bad file descriptor)\n");
+        assert_eq!(checks_of(&twice, LIFECYCLE), vec!["double close"]);
+        let sweep = format!(
+            "{head}100 1.003 close(4) = -1 EBADF (Bad file descriptor)\n\
+             100 1.004 close(5) = -1 EBADF (Bad file descriptor)\n\
+             100 1.005 close(6) = -1 EBADF (Bad file descriptor)\n"
+        );
+        assert!(checks_of(&sweep, LIFECYCLE).is_empty());
+    }
+
+    #[test]
+    fn a_stale_handle_on_a_reused_number_is_a_use_after_close() {
+        let trace = |handed: bool| {
+            let hand = if handed {
+                format!(
+                    "100 1.005 {M}, 0x3, 0x10, 0x1, 0) = -1 EINVAL\n101 1.006 {M}, 0x2, 0x10, 0x1, 0) = -1 EINVAL\n"
+                )
+            } else {
+                String::new()
+            };
+            observed(&format!(
+                "100 1.000 openat(AT_FDCWD, \"/a\", O_RDWR) = 3\n\
+                 100 1.001 clone3({{flags=CLONE_VM|CLONE_THREAD}} => {{parent_tid=[101]}}, 88) = 101\n\
+                 101 1.002 write(3, \"a\", 1) = 1\n\
+                 100 1.003 close(3) = 0\n\
+                 100 1.004 openat(AT_FDCWD, \"/b\", O_RDWR) = 3\n\
+                 {hand}\
+                 101 1.007 write(3, \"b\", 1) = 1\n"
+            ))
+        };
+        let v = analyse(&trace(false), LIFECYCLE);
+        assert_eq!(v.len(), 1, "{v:#?}");
+        assert!(v[0].detail.contains("stale handle"), "{}", v[0].detail);
+        assert!(checks_of(&trace(true), LIFECYCLE).is_empty());
+    }
+
     #[test]
     fn the_correct_teardown_order_has_no_violation() {
         assert!(analyse(CORRECT, LIFECYCLE).is_empty());
