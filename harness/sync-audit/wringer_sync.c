@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -42,7 +43,11 @@ enum {
  * thread that released it last; the checker then orders after that thread's events so far. */
 static void mark_aux(long kind, const void *object, const void *site, long aux)
 {
+    /* The marker fails with EINVAL by design: the program's errno must not see it (a reader
+     * of errno after readdir, say, would take it for its own error). */
+    int saved = errno;
     syscall(SYS_prctl, WRINGER_SYNC, kind, (long)(uintptr_t)object, (long)(uintptr_t)site, aux);
+    errno = saved;
 }
 
 static void mark(long kind, const void *object, const void *site)
