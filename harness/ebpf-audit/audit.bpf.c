@@ -112,6 +112,28 @@ struct {
     __type(value, __u64);
 } lost SEC(".maps");
 
+// A thread that spins on a non-blocking call: the same syscall on the same descriptor failing
+// with EAGAIN again and again (a polling receive loop) would fill the ring on two cores. Such
+// a repeat is folded: neither its entry nor its exit is recorded, and the next call that ends
+// otherwise is recorded whole (entry and exit, both at its return). The checker loses nothing
+// it judges by: the first such call is recorded, and so is the one that ends the spin.
+#define EAGAIN 11
+struct spin {
+    __s32 id;
+    __u32 again;    // the thread's last call failed with EAGAIN
+    __u64 fd;       // its first argument
+    __u32 skipping; // the call in progress is a folded repeat
+    __u32 pad;
+    __u64 folded;   // repeats folded so far
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, struct spin);
+} spinning SEC(".maps");
+
 // Where sched_process_fork keeps the child's pid on this kernel (from its tracefs format file).
 volatile const __u32 fork_child_pid = 44;
 
@@ -218,6 +240,31 @@ int on_enter(struct sys_enter_ctx *ctx) {
     struct capture *c = wanted(pid_tgid, ctx->id);
     if (!c)
         return 0;
+    __u32 me = (__u32)pid_tgid;
+    struct spin *sp = bpf_map_lookup_elem(&spinning, &me);
+    if (!sp) {
+        struct spin fresh = {0};
+        fresh.id = -1;
+        bpf_map_update_elem(&spinning, &me, &fresh, BPF_ANY);
+        sp = bpf_map_lookup_elem(&spinning, &me);
+    }
+    if (sp) {
+        sp->skipping = sp->again && sp->id == (__s32)ctx->id && sp->fd == ctx->args[0];
+        if (!sp->skipping) {
+            sp->id = (__s32)ctx->id;
+            sp->fd = ctx->args[0];
+            sp->again = 0;
+        }
+        if (sp->skipping) {
+            // Kept for the exit, which records the whole call if it ends the spin.
+            // One read each, at fixed offsets: the verifier refuses a context pointer moved
+            // by a loop.
+            struct args a = {{ctx->args[0], ctx->args[1], ctx->args[2], ctx->args[3],
+                              ctx->args[4], ctx->args[5]}};
+            bpf_map_update_elem(&entered, &me, &a, BPF_ANY);
+            return 0;
+        }
+    }
     struct event *e = reserve(pid_tgid, ENTER, ctx->id);
     if (!e)
         return 0;
@@ -242,6 +289,29 @@ int on_exit(struct sys_exit_ctx *ctx) {
     struct capture *c = wanted(pid_tgid, ctx->id);
     if (!c)
         return 0;
+    __u32 me = (__u32)pid_tgid;
+    struct spin *sp = bpf_map_lookup_elem(&spinning, &me);
+    int again = ctx->ret == -EAGAIN;
+    if (sp && sp->skipping) {
+        sp->skipping = 0;
+        if (again) {
+            sp->folded++;
+            return 0;
+        }
+        // The spin ends: record this call's entry now, from the arguments kept at entry.
+        struct args *kept = bpf_map_lookup_elem(&entered, &me);
+        struct event *in = reserve(pid_tgid, ENTER, ctx->id);
+        if (in) {
+            if (kept)
+                for (int i = 0; i < 6; i++)
+                    in->args[i] = kept->v[i];
+            read_capture(in, c, 0, AT_ENTER);
+            read_capture(in, c, 1, AT_ENTER);
+            submit(in);
+        }
+    }
+    if (sp)
+        sp->again = again;
     struct event *e = reserve(pid_tgid, EXIT, ctx->id);
     if (!e)
         return 0;
@@ -287,6 +357,7 @@ int on_task_exit(void *ctx) {
         return 0;
     __u32 tid = (__u32)pid_tgid;
     bpf_map_delete_elem(&entered, &tid);
+    bpf_map_delete_elem(&spinning, &tid);
     struct event *e = reserve(pid_tgid, THREAD_EXIT, -1);
     if (e)
         submit(e);

@@ -139,3 +139,17 @@ fn probes_sweeps_and_exec_chains_are_clean() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Three threads spin on non-blocking receives (millions of EAGAIN calls on two cores) while
+/// the main thread opens and closes descriptors: the eBPF recorder folds the repeats in the
+/// kernel, loses no event, and the program is clean. Without the folding, this run dropped
+/// 3.3 million events and could only be "trace incomplete".
+#[test]
+fn threads_spinning_on_non_blocking_receives_lose_no_event() {
+    let dir = scratch("spinning");
+    let exe = build(&dir, "spinning", true);
+    let (failed, text) = audit(&dir, &exe, "ebpf", 2);
+    assert_eq!(failed, 0, "spinning (ebpf): {text}");
+    assert!(!text.contains("incomplete"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
