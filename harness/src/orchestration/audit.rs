@@ -985,11 +985,13 @@ impl Audit<'_> {
             .filter_map(|l| closed_by_tid(l))
             .take(2)
             .collect();
+        // Its own start, when strace split it, is not a neighbour.
         let prev: Vec<i32> = self.lines[..i]
             .iter()
             .rev()
             .take(128)
             .filter_map(|l| closed_by_tid(l))
+            .filter(|n| *n != fd)
             .take(2)
             .collect();
         // A run of three consecutive numbers with this one in it.
