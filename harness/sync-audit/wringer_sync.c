@@ -37,7 +37,11 @@ enum {
     SYNC_WAIT = 4,    /* the thread starts a blocking wait on the object (join, cond, sem) */
     SYNC_HOLD = 5,    /* the thread took a lock (for lock order; object: the lock) */
     SYNC_DROP = 6,    /* the thread let a lock go */
+    SYNC_END = 7,     /* the thread ends (object: its pthread_t): a release its join acquires */
 };
+
+/* What a SYNC_WAIT waits for (its aux), plus WAIT_TIMED when the wait has a deadline. */
+enum { WAIT_JOIN = 1, WAIT_COND = 2, WAIT_SEM = 3, WAIT_BARRIER = 4, WAIT_TIMED = 16 };
 
 /* `aux`: for an acquire whose release was not reported (the lock was not shared yet), the
  * thread that released it last; the checker then orders after that thread's events so far. */
@@ -94,39 +98,85 @@ static long self_tid(void)
     return tid;
 }
 
+/* The locks this thread holds, and whether each one's HOLD was told. A HOLD is told lazily,
+ * when it matters to the wait-for audit: the lock is shared, or the thread takes another lock
+ * under it (lock order), or waits under it. Then every lock held is told first, so the
+ * checker knows the thread's held set at that point. */
+#define HELD_MAX 32
+struct held {
+    const void *lock;
+    const void *site;
+    int told;
+};
+static __thread struct held held[HELD_MAX];
+static __thread int held_n;
+
+static void tell_held(void)
+{
+    for (int i = 0; i < held_n; i++)
+        if (!held[i].told) {
+            mark(SYNC_HOLD, held[i].lock, held[i].site);
+            held[i].told = 1;
+        }
+}
+
 /* A lock was taken by this thread. */
 static void took(const void *lock, const void *site)
 {
     struct slot *s = slot_of(lock);
     long me = self_tid();
+    int shared = 1;
     if (!s) {
         mark(SYNC_ACQUIRE, lock, site);
-        mark(SYNC_HOLD, lock, site);
-        return;
+    } else {
+        long last = atomic_load_explicit(&s->last_releaser, memory_order_relaxed);
+        if (last != 0 && last != me) {
+            int was = atomic_exchange_explicit(&s->shared, 1, memory_order_relaxed);
+            mark_aux(SYNC_ACQUIRE, lock, site, was ? 0 : last);
+        }
+        shared = atomic_load_explicit(&s->shared, memory_order_relaxed);
     }
-    long last = atomic_load_explicit(&s->last_releaser, memory_order_relaxed);
-    if (last != 0 && last != me) {
-        int was = atomic_exchange_explicit(&s->shared, 1, memory_order_relaxed);
-        mark_aux(SYNC_ACQUIRE, lock, site, was ? 0 : last);
+    int nested = held_n > 0;
+    if (nested)
+        tell_held();
+    int added = held_n < HELD_MAX;
+    if (added) {
+        held[held_n].lock = lock;
+        held[held_n].site = site;
+        held[held_n].told = 0;
+        held_n++;
     }
-    if (atomic_load_explicit(&s->shared, memory_order_relaxed))
+    if (shared || nested || !added) {
         mark(SYNC_HOLD, lock, site);
+        if (added)
+            held[held_n - 1].told = 1;
+    }
 }
 
 /* A lock is about to be let go by this thread. */
 static void letting_go(const void *lock, const void *site)
 {
     struct slot *s = slot_of(lock);
-    if (!s) {
-        mark(SYNC_DROP, lock, site);
-        mark(SYNC_RELEASE, lock, site);
-        return;
+    for (int i = held_n - 1; i >= 0; i--) {
+        if (held[i].lock != lock)
+            continue;
+        if (held[i].told)
+            mark(SYNC_DROP, lock, site);
+        held[i] = held[held_n - 1];
+        held_n--;
+        break;
     }
-    if (atomic_load_explicit(&s->shared, memory_order_relaxed)) {
-        mark(SYNC_DROP, lock, site);
+    if (!s || atomic_load_explicit(&s->shared, memory_order_relaxed))
         mark(SYNC_RELEASE, lock, site);
-    }
-    atomic_store_explicit(&s->last_releaser, self_tid(), memory_order_relaxed);
+    if (s)
+        atomic_store_explicit(&s->last_releaser, self_tid(), memory_order_relaxed);
+}
+
+/* A blocking wait starts: what the thread holds is told first. */
+static void waiting(const void *object, const void *site, long kind)
+{
+    tell_held();
+    mark_aux(SYNC_WAIT, object, site, kind);
 }
 
 #define REAL(ret, name, ...)                                                                   \
@@ -215,7 +265,7 @@ UNLOCKING(pthread_spin_unlock, pthread_spinlock_t)
 int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
 {
     letting_go(m, SITE);
-    mark(SYNC_WAIT, c, SITE);
+    waiting(c, SITE, WAIT_COND);
     int r = get_pthread_cond_wait()(c, m);
     mark(SYNC_ACQUIRE, c, SITE);
     took(m, SITE);
@@ -225,7 +275,7 @@ int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
 int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *t)
 {
     letting_go(m, SITE);
-    mark(SYNC_WAIT, c, SITE);
+    waiting(c, SITE, WAIT_COND | WAIT_TIMED);
     int r = get_pthread_cond_timedwait()(c, m, t);
     mark(SYNC_ACQUIRE, c, SITE);
     took(m, SITE);
@@ -252,7 +302,7 @@ int sem_post(sem_t *s)
 
 int sem_wait(sem_t *s)
 {
-    mark(SYNC_WAIT, s, SITE);
+    waiting(s, SITE, WAIT_SEM);
     int r = get_sem_wait()(s);
     if (r == 0)
         mark(SYNC_ACQUIRE, s, SITE);
@@ -269,7 +319,7 @@ int sem_trywait(sem_t *s)
 
 int sem_timedwait(sem_t *s, const struct timespec *t)
 {
-    mark(SYNC_WAIT, s, SITE);
+    waiting(s, SITE, WAIT_SEM | WAIT_TIMED);
     int r = get_sem_timedwait()(s, t);
     if (r == 0)
         mark(SYNC_ACQUIRE, s, SITE);
@@ -279,7 +329,7 @@ int sem_timedwait(sem_t *s, const struct timespec *t)
 int pthread_barrier_wait(pthread_barrier_t *b)
 {
     mark(SYNC_RELEASE, b, SITE);
-    mark(SYNC_WAIT, b, SITE);
+    waiting(b, SITE, WAIT_BARRIER);
     int r = get_pthread_barrier_wait()(b);
     mark(SYNC_ACQUIRE, b, SITE);
     return r;
@@ -296,7 +346,7 @@ static void *trampoline(void *p)
     struct start s = *(struct start *)p;
     free(p);
     void *r = s.routine(s.arg);
-    mark(SYNC_RELEASE, (void *)pthread_self(), (void *)s.routine);
+    mark(SYNC_END, (void *)pthread_self(), (void *)s.routine);
     return r;
 }
 
@@ -315,14 +365,14 @@ int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*routine)(void 
 
 void pthread_exit(void *r)
 {
-    mark(SYNC_RELEASE, (void *)pthread_self(), SITE);
+    mark(SYNC_END, (void *)pthread_self(), SITE);
     get_pthread_exit()(r);
     __builtin_unreachable();
 }
 
 int pthread_join(pthread_t t, void **r)
 {
-    mark(SYNC_WAIT, (void *)t, SITE);
+    waiting((void *)t, SITE, WAIT_JOIN);
     int e = get_pthread_join()(t, r);
     if (e == 0)
         mark(SYNC_ACQUIRE, (void *)t, SITE);
@@ -331,7 +381,7 @@ int pthread_join(pthread_t t, void **r)
 
 int pthread_timedjoin_np(pthread_t t, void **r, const struct timespec *ts)
 {
-    mark(SYNC_WAIT, (void *)t, SITE);
+    waiting((void *)t, SITE, WAIT_JOIN | WAIT_TIMED);
     int e = get_pthread_timedjoin_np()(t, r, ts);
     if (e == 0)
         mark(SYNC_ACQUIRE, (void *)t, SITE);

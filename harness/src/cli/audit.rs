@@ -52,6 +52,7 @@ pub enum Check {
     FdLifecycle,
     Leaks,
     UnboundedWaits,
+    Waits,
     VerbsLifecycle,
 }
 
@@ -61,6 +62,7 @@ impl From<Check> for AuditCheck {
             Check::FdLifecycle => AuditCheck::FdLifecycle,
             Check::Leaks => AuditCheck::Leaks,
             Check::UnboundedWaits => AuditCheck::UnboundedWaits,
+            Check::Waits => AuditCheck::Waits,
             Check::VerbsLifecycle => AuditCheck::VerbsLifecycle,
         }
     }

@@ -225,8 +225,12 @@ pub enum AuditCheck {
     FdLifecycle,
     /// Fds and threads a step created that outlive it.
     Leaks,
-    /// Blocking calls without a timeout still in progress when a hang was declared.
+    /// Blocking calls without a timeout still in progress when a hang was declared; and, where
+    /// the sync observer is loaded, every untimed join, condition, semaphore or barrier wait.
     UnboundedWaits,
+    /// Deadlocks that did not happen: lock-order cycles, and joins or waits made while holding
+    /// a lock another thread takes (from the sync observer).
+    Waits,
     /// Verbs object lifecycles, posts and completions, seen by an observer preloaded into the
     /// ranks and every program they start (the RDMA data path bypasses the kernel).
     VerbsLifecycle,

@@ -20,6 +20,42 @@ pub enum SyncKind {
     Hold,
     /// The thread lets a (shared) lock go.
     Drop,
+    /// The thread ends (object: its pthread_t): a release its join acquires.
+    End,
+}
+
+/// What a `Wait` waits for (its `aux`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum WaitKind {
+    Join,
+    Condition,
+    Semaphore,
+    Barrier,
+}
+
+impl WaitKind {
+    pub fn noun(self) -> &'static str {
+        match self {
+            WaitKind::Join => "a join of",
+            WaitKind::Condition => "a condition wait on",
+            WaitKind::Semaphore => "a semaphore wait on",
+            WaitKind::Barrier => "a barrier wait on",
+        }
+    }
+}
+
+impl SyncMarker {
+    /// For a `Wait`: what it waits for, and whether it has a deadline.
+    pub fn wait(&self) -> Option<(WaitKind, bool)> {
+        let kind = match self.aux & 0xf {
+            1 => WaitKind::Join,
+            2 => WaitKind::Condition,
+            3 => WaitKind::Semaphore,
+            4 => WaitKind::Barrier,
+            _ => return None,
+        };
+        Some((kind, self.aux & 16 != 0))
+    }
 }
 
 /// One marker, as the trace holds it.
@@ -53,6 +89,7 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
         4 => SyncKind::Wait,
         5 => SyncKind::Hold,
         6 => SyncKind::Drop,
+        7 => SyncKind::End,
         _ => return None,
     };
     Some(SyncMarker {

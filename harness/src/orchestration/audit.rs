@@ -30,6 +30,7 @@ use std::path::Path;
 use crate::model::scenario::{AuditBackend, AuditCheck, Perturb};
 use crate::model::sync_marker::{self, SyncKind};
 use crate::orchestration::happens_before::{Epoch, HappensBefore, Object};
+use crate::orchestration::wait_for::WaitFor;
 
 /// The syscalls the audit needs to see (strace's `-e trace=`): sockets, threads and processes,
 /// every call that makes a descriptor, and the calls that use or close one. Not mmap, stat and
@@ -548,11 +549,19 @@ struct Inside {
     line: usize,
 }
 
-/// Read a whole trace and return every violation of the chosen checks.
+/// Read a whole trace and return every violation of the chosen checks, as after a hang.
 pub fn analyse(trace: &str, checks: &[AuditCheck]) -> Vec<Violation> {
+    analyse_after(trace, checks, true)
+}
+
+/// Read a whole trace and return every violation of the chosen checks. Syscalls still in
+/// progress without a timeout count (`unbounded-waits`) only when the run `hung`; the sync
+/// observer's untimed waits count whenever that check is on.
+pub fn analyse_after(trace: &str, checks: &[AuditCheck], hung: bool) -> Vec<Violation> {
     Audit {
         lines: trace.lines().collect(),
         checks,
+        hung,
         ..Audit::default()
     }
     .run()
@@ -569,6 +578,10 @@ struct Audit<'a> {
     step: BTreeMap<u32, usize>,
     out: Vec<Violation>,
     hb: HappensBefore,
+    /// Whether the run hung (for waits still in progress at the end).
+    hung: bool,
+    /// Per process, who holds and waits for what (the `waits` check).
+    waits: BTreeMap<u32, WaitFor>,
     /// Kernel channels (pipes, socket pairs, eventfds) numbered as they are made.
     channels: u64,
 }
@@ -665,7 +678,20 @@ impl Audit<'_> {
                 Event::Other => {}
             }
         }
-        if self.on(AuditCheck::UnboundedWaits) {
+        let untimed = self.on(AuditCheck::UnboundedWaits);
+        if self.on(AuditCheck::Waits) || untimed {
+            let found: Vec<(u32, crate::orchestration::wait_for::WaitFinding)> = self
+                .waits
+                .iter()
+                .flat_map(|(pid, w)| w.findings(untimed).into_iter().map(|f| (*pid, f)))
+                .filter(|(_, f)| self.on(AuditCheck::Waits) || f.check == "wait without a bound")
+                .collect();
+            for (pid, f) in found {
+                let at = f.lines.first().copied().unwrap_or(0);
+                self.flag(f.check, pid, None, f.detail, at, &f.lines);
+            }
+        }
+        if self.hung && untimed {
             let stuck: Vec<(u32, String, usize)> = self
                 .inside
                 .iter()
@@ -1076,20 +1102,46 @@ impl Audit<'_> {
     }
 
     /// A sync observer's marker: an edge of happens-before, or the observer saying it is here.
-    fn sync(&mut self, pid: u32, tid: u32, m: sync_marker::SyncMarker) {
+    fn sync(&mut self, pid: u32, tid: u32, m: sync_marker::SyncMarker, i: usize) {
         let object = Object::Address {
             pid,
             addr: m.object,
         };
         match m.kind {
             SyncKind::Attach => self.procs.entry(pid).or_default().observed = true,
-            SyncKind::Release => self.hb.release(tid, object),
+            SyncKind::Release => {
+                self.hb.release(tid, object);
+                self.waits.entry(pid).or_default().release(tid, m.object);
+            }
+            SyncKind::End => {
+                self.hb.release(tid, object);
+                self.waits.entry(pid).or_default().end(tid, m.object);
+            }
+            SyncKind::Hold => self
+                .waits
+                .entry(pid)
+                .or_default()
+                .hold(tid, m.object, m.site, i),
+            SyncKind::Drop => self.waits.entry(pid).or_default().drop_lock(tid, m.object),
+            SyncKind::Wait => {
+                if let Some((kind, timed)) = m.wait() {
+                    self.waits
+                        .entry(pid)
+                        .or_default()
+                        .wait(tid, kind, m.object, timed, m.site, i);
+                }
+            }
             SyncKind::Acquire => {
+                if m.aux != 0 {
+                    self.waits
+                        .entry(pid)
+                        .or_default()
+                        .taker(m.aux as u32, m.object);
+                }
                 if !self.hb.acquire(tid, object) && m.aux != 0 {
                     self.hb.acquire_from_thread(tid, m.aux as u32);
                 }
             }
-            SyncKind::Wait | SyncKind::Hold | SyncKind::Drop => {}
         }
     }
 
@@ -1100,7 +1152,7 @@ impl Audit<'_> {
             .then(|| sync_marker::parse(args))
             .flatten()
         {
-            self.sync(pid, tid, m);
+            self.sync(pid, tid, m, i);
             return;
         }
         if let Some(fd) = (name == "prctl").then(|| named_receiver(args)).flatten() {

@@ -67,7 +67,12 @@ impl Tracing<'_> {
     /// Whether ranks run with the sync observer preloaded: their descriptor checks are judged
     /// by happens-before (where this build has the observer).
     pub fn sync(&self) -> bool {
-        self.checks.contains(&AuditCheck::FdLifecycle) && crate::rank::sync_observer::available()
+        self.checks.iter().any(|c| {
+            matches!(
+                c,
+                AuditCheck::FdLifecycle | AuditCheck::Waits | AuditCheck::UnboundedWaits
+            )
+        }) && crate::rank::sync_observer::available()
     }
 }
 

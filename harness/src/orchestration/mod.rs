@@ -14,3 +14,4 @@ pub mod shrink;
 pub mod slurm_step;
 pub mod verbs_audit;
 pub mod verdict;
+pub mod wait_for;

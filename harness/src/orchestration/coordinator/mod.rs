@@ -398,11 +398,7 @@ fn drive(
 /// The audit's violations in every rank's trace (fetched from remote hosts first). A missing
 /// or empty trace is itself a failure: an audit that saw nothing proves nothing.
 fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
-    let mut checks: Vec<AuditCheck> = plan.audit.to_vec();
-    if !hung {
-        // A wait without a bound matters only when something waited too long.
-        checks.retain(|c| *c != AuditCheck::UnboundedWaits);
-    }
+    let checks: Vec<AuditCheck> = plan.audit.to_vec();
     let mut found = vec![];
     for rank in 0..plan.ranks {
         let path = group.trace_path(rank);
@@ -434,7 +430,7 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
                 ),
             ));
         }
-        let violations = audit::analyse(&text, &checks);
+        let violations = audit::analyse_after(&text, &checks, hung);
         report_violations(
             &mut found,
             rank,

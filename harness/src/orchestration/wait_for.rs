@@ -1,0 +1,511 @@
+//! The wait-for audit (`waits`): deadlocks that did not happen, from the sync observer's
+//! markers. Pure: fed per process, in trace order, with which thread holds, lets go of and
+//! waits for what; it says what could block for ever.
+//!
+//! - **Lock order**: a cycle in "lock L held while M taken", over any number of threads, except
+//!   a cycle that lies within one thread, or that one common gate lock guards throughout (the
+//!   false alarms ThreadSanitizer's users report).
+//! - **Waiting under a lock**: a thread joins, or waits on a semaphore, a barrier or a
+//!   condition (other than the one whose mutex it gives up), while holding a lock that another
+//!   thread takes somewhere in the run. That thread is stalled for as long as the wait lasts,
+//!   and if it is the one that would end the wait (the joined thread, the poster, the
+//!   signaller), for ever: DAQIRI's event loop joined a worker under `threads_mutex_`, which
+//!   its stats thread takes.
+//! - **Waits without a bound** (with `unbounded-waits`): untimed joins, condition, semaphore and
+//!   barrier waits.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::sync_marker::WaitKind;
+
+pub type Tid = u32;
+
+/// One finding, with the threads, locks and call sites it names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaitFinding {
+    pub check: &'static str,
+    pub detail: String,
+    /// Trace lines (0-based) that show it.
+    pub lines: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+struct Edge {
+    tid: Tid,
+    /// Where the first lock was taken and where the second was.
+    sites: (u64, u64),
+    line: usize,
+    /// The other locks the thread held when it took the second: a gate if held on every edge.
+    also_held: BTreeSet<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct Held {
+    lock: u64,
+    site: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Wait {
+    tid: Tid,
+    kind: WaitKind,
+    object: u64,
+    timed: bool,
+    site: u64,
+    line: usize,
+    held: Vec<Held>,
+}
+
+#[derive(Default, Debug)]
+pub struct WaitFor {
+    held: BTreeMap<Tid, Vec<Held>>,
+    /// Where each lock was first taken, and by whom.
+    first: BTreeMap<u64, (Tid, u64, usize)>,
+    takers: BTreeMap<u64, BTreeSet<Tid>>,
+    /// Threads that released (posted, signalled, arrived at) each object.
+    releasers: BTreeMap<u64, BTreeSet<Tid>>,
+    /// A thread's handle (pthread_t) -> the thread.
+    handles: BTreeMap<u64, Tid>,
+    edges: BTreeMap<(u64, u64), Edge>,
+    waits: Vec<Wait>,
+}
+
+fn hex(a: u64) -> String {
+    format!("{a:#x}")
+}
+
+impl WaitFor {
+    pub fn hold(&mut self, tid: Tid, lock: u64, site: u64, line: usize) {
+        self.first.entry(lock).or_insert((tid, site, line));
+        self.takers.entry(lock).or_default().insert(tid);
+        let held = self.held.entry(tid).or_default();
+        let others: BTreeSet<u64> = held.iter().map(|h| h.lock).collect();
+        for h in held.iter().filter(|h| h.lock != lock) {
+            let mut also = others.clone();
+            also.remove(&h.lock);
+            self.edges.entry((h.lock, lock)).or_insert(Edge {
+                tid,
+                sites: (h.site, site),
+                line,
+                also_held: also,
+            });
+        }
+        held.push(Held { lock, site });
+    }
+
+    /// `tid` took `lock` at some point the trace does not show (the observer tells a lock's
+    /// earlier holder when a second thread first takes it).
+    pub fn taker(&mut self, tid: Tid, lock: u64) {
+        self.takers.entry(lock).or_default().insert(tid);
+    }
+
+    pub fn drop_lock(&mut self, tid: Tid, lock: u64) {
+        let held = self.held.entry(tid).or_default();
+        if let Some(i) = held.iter().rposition(|h| h.lock == lock) {
+            held.remove(i);
+        }
+    }
+
+    pub fn release(&mut self, tid: Tid, object: u64) {
+        self.releasers.entry(object).or_default().insert(tid);
+    }
+
+    pub fn end(&mut self, tid: Tid, handle: u64) {
+        self.handles.insert(handle, tid);
+        self.held.remove(&tid);
+    }
+
+    pub fn wait(
+        &mut self,
+        tid: Tid,
+        kind: WaitKind,
+        object: u64,
+        timed: bool,
+        site: u64,
+        line: usize,
+    ) {
+        if kind == WaitKind::Barrier {
+            self.releasers.entry(object).or_default().insert(tid);
+        }
+        self.waits.push(Wait {
+            tid,
+            kind,
+            object,
+            timed,
+            site,
+            line,
+            held: self.held.get(&tid).cloned().unwrap_or_default(),
+        });
+    }
+
+    fn lock_name(&self, lock: u64) -> String {
+        match self.first.get(&lock) {
+            Some((t, site, _)) => format!(
+                "lock {} (first taken by thread {t} at {})",
+                hex(lock),
+                hex(*site)
+            ),
+            None => format!("lock {}", hex(lock)),
+        }
+    }
+
+    /// Every finding, lock-order cycles and waits under a lock; untimed waits too when asked.
+    pub fn findings(&self, unbounded: bool) -> Vec<WaitFinding> {
+        let mut out = self.cycles();
+        out.extend(self.waits_under_a_lock());
+        if unbounded {
+            let stuck = self.may_wait_for_ever();
+            let unbounded_wait = |w: &&Wait| {
+                !w.timed
+                    && match w.kind {
+                        WaitKind::Condition | WaitKind::Semaphore => true,
+                        WaitKind::Join => self
+                            .handles
+                            .get(&w.object)
+                            .is_some_and(|t| stuck.contains(t)),
+                        WaitKind::Barrier => false,
+                    }
+            };
+            out.extend(
+                self.waits
+                    .iter()
+                    .filter(unbounded_wait)
+                    .map(|w| WaitFinding {
+                        check: "wait without a bound",
+                        detail: format!(
+                            "thread {} made {} {} with no deadline (at {})",
+                            w.tid,
+                            w.kind.noun(),
+                            self.waited(w),
+                            hex(w.site)
+                        ),
+                        lines: vec![w.line],
+                    }),
+            );
+        }
+        out
+    }
+
+    /// Threads that make an untimed condition or semaphore wait, or join one that does (to a
+    /// fixpoint): a join of such a thread has no bound either.
+    fn may_wait_for_ever(&self) -> BTreeSet<Tid> {
+        let mut stuck: BTreeSet<Tid> = self
+            .waits
+            .iter()
+            .filter(|w| !w.timed && matches!(w.kind, WaitKind::Condition | WaitKind::Semaphore))
+            .map(|w| w.tid)
+            .collect();
+        loop {
+            let more: Vec<Tid> = self
+                .waits
+                .iter()
+                .filter(|w| !w.timed && w.kind == WaitKind::Join && !stuck.contains(&w.tid))
+                .filter(|w| {
+                    self.handles
+                        .get(&w.object)
+                        .is_some_and(|t| stuck.contains(t))
+                })
+                .map(|w| w.tid)
+                .collect();
+            if more.is_empty() {
+                return stuck;
+            }
+            stuck.extend(more);
+        }
+    }
+
+    /// What a wait waits on, in words.
+    fn waited(&self, w: &Wait) -> String {
+        match (w.kind, self.handles.get(&w.object)) {
+            (WaitKind::Join, Some(t)) => format!("thread {t}"),
+            (WaitKind::Join, None) => format!("thread handle {}", hex(w.object)),
+            _ => hex(w.object),
+        }
+    }
+
+    fn waits_under_a_lock(&self) -> Vec<WaitFinding> {
+        let mut out = vec![];
+        let mut seen = BTreeSet::new();
+        for w in &self.waits {
+            for h in &w.held {
+                let others: Vec<Tid> = self
+                    .takers
+                    .get(&h.lock)
+                    .map(|t| t.iter().copied().filter(|t| *t != w.tid).collect())
+                    .unwrap_or_default();
+                let Some(&other) = others.first() else {
+                    continue;
+                };
+                if !seen.insert((w.tid, w.object, h.lock)) {
+                    continue;
+                }
+                // The thread that would end the wait, when it also takes the lock: for ever.
+                let enders: BTreeSet<Tid> = match w.kind {
+                    WaitKind::Join => self.handles.get(&w.object).copied().into_iter().collect(),
+                    _ => self.releasers.get(&w.object).cloned().unwrap_or_default(),
+                };
+                let ender = others.iter().find(|t| enders.contains(t));
+                let consequence = match ender {
+                    Some(e) => format!(
+                        "thread {e}, which would end that wait, takes the same lock: if it needs it \
+                         first, neither moves again"
+                    ),
+                    None => format!(
+                        "thread {other} takes the same lock, and is stalled for as long as the \
+                         wait lasts (for ever, if what ends the wait needs it)"
+                    ),
+                };
+                out.push(WaitFinding {
+                    check: "wait under a lock",
+                    detail: format!(
+                        "thread {} made {} {} (at {}) while holding {} (taken at {}); {consequence}",
+                        w.tid,
+                        w.kind.noun(),
+                        self.waited(w),
+                        hex(w.site),
+                        self.lock_name(h.lock),
+                        hex(h.site)
+                    ),
+                    lines: vec![w.line],
+                });
+            }
+        }
+        out
+    }
+
+    /// Simple cycles of the lock graph (each found once), short of a gate or one thread.
+    fn cycles(&self) -> Vec<WaitFinding> {
+        let mut next: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (a, b) in self.edges.keys() {
+            next.entry(*a).or_default().push(*b);
+        }
+        let mut out = vec![];
+        let mut found: BTreeSet<Vec<u64>> = BTreeSet::new();
+        for &start in next.keys() {
+            let mut path = vec![start];
+            self.walk(start, &next, &mut path, &mut found, &mut out);
+        }
+        out
+    }
+
+    fn walk(
+        &self,
+        start: u64,
+        next: &BTreeMap<u64, Vec<u64>>,
+        path: &mut Vec<u64>,
+        found: &mut BTreeSet<Vec<u64>>,
+        out: &mut Vec<WaitFinding>,
+    ) {
+        if path.len() > 6 {
+            return;
+        }
+        let here = *path.last().unwrap();
+        for &to in next.get(&here).into_iter().flatten() {
+            if to == start {
+                self.report_cycle(path, found, out);
+            } else if to > start && !path.contains(&to) {
+                path.push(to);
+                self.walk(start, next, path, found, out);
+                path.pop();
+            }
+        }
+    }
+
+    fn report_cycle(
+        &self,
+        cycle: &[u64],
+        found: &mut BTreeSet<Vec<u64>>,
+        out: &mut Vec<WaitFinding>,
+    ) {
+        if !found.insert(cycle.to_vec()) {
+            return;
+        }
+        let edges: Vec<(u64, u64, &Edge)> = (0..cycle.len())
+            .map(|i| {
+                let (a, b) = (cycle[i], cycle[(i + 1) % cycle.len()]);
+                (a, b, &self.edges[&(a, b)])
+            })
+            .collect();
+        let threads: BTreeSet<Tid> = edges.iter().map(|(_, _, e)| e.tid).collect();
+        if threads.len() < 2 {
+            return;
+        }
+        let mut gates = edges[0].2.also_held.clone();
+        for (_, _, e) in &edges[1..] {
+            gates = gates.intersection(&e.also_held).copied().collect();
+        }
+        if !gates.is_empty() {
+            return;
+        }
+        let steps: Vec<String> = edges
+            .iter()
+            .map(|(a, b, e)| {
+                format!(
+                    "thread {} took {} (at {}) while holding {} (taken at {})",
+                    e.tid,
+                    hex(*b),
+                    hex(e.sites.1),
+                    hex(*a),
+                    hex(e.sites.0)
+                )
+            })
+            .collect();
+        let locks: Vec<String> = cycle.iter().map(|l| self.lock_name(*l)).collect();
+        out.push(WaitFinding {
+            check: "lock order",
+            detail: format!(
+                "the locks {} are taken in a cycle: {}; run with these threads at those points \
+                 together, each waits for the next for ever",
+                locks.join(", "),
+                steps.join("; ")
+            ),
+            lines: edges.iter().map(|(_, _, e)| e.line).collect(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: u64 = 0x10;
+    const M: u64 = 0x20;
+    const N: u64 = 0x30;
+    const G: u64 = 0x40;
+
+    fn checks(w: &WaitFor) -> Vec<&'static str> {
+        w.findings(false).iter().map(|f| f.check).collect()
+    }
+
+    #[test]
+    fn two_threads_taking_two_locks_in_opposite_orders_are_a_cycle() {
+        let mut w = WaitFor::default();
+        w.hold(1, L, 0xa, 1);
+        w.hold(1, M, 0xb, 2);
+        w.drop_lock(1, M);
+        w.drop_lock(1, L);
+        w.hold(2, M, 0xc, 3);
+        w.hold(2, L, 0xd, 4);
+        let f = w.findings(false);
+        assert_eq!(checks(&w), vec!["lock order"], "{f:#?}");
+        assert!(
+            f[0].detail
+                .contains("thread 2 took 0x10 (at 0xd) while holding 0x20"),
+            "{}",
+            f[0].detail
+        );
+    }
+
+    #[test]
+    fn a_three_lock_cycle_is_found_once() {
+        let mut w = WaitFor::default();
+        for (t, a, b) in [(1, L, M), (2, M, N), (3, N, L)] {
+            w.hold(t, a, 1, 0);
+            w.hold(t, b, 2, 0);
+            w.drop_lock(t, b);
+            w.drop_lock(t, a);
+        }
+        assert_eq!(checks(&w), vec!["lock order"]);
+    }
+
+    #[test]
+    fn one_thread_s_own_inversions_and_a_gated_cycle_are_not_cycles() {
+        let mut w = WaitFor::default();
+        w.hold(1, L, 1, 0);
+        w.hold(1, M, 2, 0);
+        w.drop_lock(1, M);
+        w.drop_lock(1, L);
+        w.hold(1, M, 3, 0);
+        w.hold(1, L, 4, 0);
+        assert!(checks(&w).is_empty());
+        let mut g = WaitFor::default();
+        for (t, a, b) in [(1, L, M), (2, M, L)] {
+            g.hold(t, G, 0, 0);
+            g.hold(t, a, 1, 0);
+            g.hold(t, b, 2, 0);
+            g.drop_lock(t, b);
+            g.drop_lock(t, a);
+            g.drop_lock(t, G);
+        }
+        assert!(checks(&g).is_empty(), "{:#?}", g.findings(false));
+    }
+
+    #[test]
+    fn a_join_under_a_lock_the_joined_thread_takes_is_for_ever() {
+        let mut w = WaitFor::default();
+        w.hold(2, L, 0xa, 0);
+        w.drop_lock(2, L);
+        w.hold(1, L, 0xb, 1);
+        w.wait(1, WaitKind::Join, 0x7f00, false, 0xc, 2);
+        w.drop_lock(1, L);
+        w.end(2, 0x7f00);
+        let f = w.findings(false);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].check, "wait under a lock");
+        assert!(
+            f[0].detail.contains("a join of thread 2"),
+            "{}",
+            f[0].detail
+        );
+        assert!(
+            f[0].detail.contains("which would end that wait"),
+            "{}",
+            f[0].detail
+        );
+    }
+
+    #[test]
+    fn daqiri_s_join_under_the_registry_lock_a_stats_thread_takes() {
+        let mut w = WaitFor::default();
+        w.hold(3, L, 0xa, 0); // stats
+        w.drop_lock(3, L);
+        w.hold(1, L, 0xb, 1); // event loop
+        w.wait(1, WaitKind::Join, 0x7f00, false, 0xc, 2);
+        w.end(2, 0x7f00); // the worker, which never takes L
+        let f = w.findings(false);
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert!(
+            f[0].detail.contains("thread 3 takes the same lock"),
+            "{}",
+            f[0].detail
+        );
+    }
+
+    #[test]
+    fn waits_with_nothing_held_or_a_lock_no_one_else_takes_are_fine() {
+        let mut w = WaitFor::default();
+        w.wait(1, WaitKind::Semaphore, 0x50, false, 1, 0);
+        w.hold(1, L, 1, 1);
+        w.wait(1, WaitKind::Condition, 0x60, false, 2, 2);
+        w.drop_lock(1, L);
+        assert!(checks(&w).is_empty());
+        let f = w.findings(true);
+        assert_eq!(
+            f.iter()
+                .filter(|f| f.check == "wait without a bound")
+                .count(),
+            2,
+            "{f:#?}"
+        );
+    }
+
+    #[test]
+    fn a_join_is_unbounded_only_when_the_joined_thread_waits_without_a_bound() {
+        let mut w = WaitFor::default();
+        w.wait(1, WaitKind::Join, 0x7f00, false, 1, 0);
+        w.end(2, 0x7f00);
+        assert!(
+            w.findings(true).is_empty(),
+            "a join of a thread that never waits untimed"
+        );
+        w.wait(3, WaitKind::Join, 0x7f10, false, 2, 1);
+        w.wait(4, WaitKind::Semaphore, 0x50, false, 3, 2);
+        w.end(4, 0x7f10);
+        let f = w.findings(true);
+        assert_eq!(f.len(), 2, "{f:#?}");
+        assert!(
+            f.iter().any(|f| f.detail.contains("a join of thread 4")),
+            "{f:#?}"
+        );
+    }
+}
