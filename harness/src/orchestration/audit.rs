@@ -1101,6 +1101,20 @@ impl Audit<'_> {
         }
     }
 
+    /// Merge what a thread did before its process was known (see `effects`) into `pid`.
+    fn adopt(&mut self, pid: u32, early: Process) {
+        let p = self.procs.entry(pid).or_default();
+        for (n, f) in early.fds {
+            let mine = p.fds.entry(n).or_default();
+            mine.users.extend(f.users);
+            mine.last_wait.extend(f.last_wait);
+        }
+        for (t, th) in early.threads {
+            p.threads.entry(t).or_insert(th);
+        }
+        p.names_receivers |= early.names_receivers;
+    }
+
     /// A sync observer's marker: an edge of happens-before, or the observer saying it is here.
     fn sync(&mut self, pid: u32, tid: u32, m: sync_marker::SyncMarker, i: usize) {
         let object = Object::Address {
@@ -1165,6 +1179,14 @@ impl Audit<'_> {
             self.hb.spawn(tid, child);
             if thread {
                 self.tgid.insert(child, pid);
+                // The new thread may have run before its creator's clone returned (strace and
+                // the ring buffer then show its calls first, as a process of its own): what
+                // it did so far was done in this process.
+                if child != pid {
+                    if let Some(early) = self.procs.remove(&child) {
+                        self.adopt(pid, early);
+                    }
+                }
                 let p = self.procs.entry(pid).or_default();
                 p.threads.entry(child).or_default().created = in_step;
             }
@@ -1441,6 +1463,23 @@ mod tests {
             v[0].detail.contains("nothing orders thread 101's read(7)"),
             "{}",
             v[0].detail
+        );
+    }
+
+    #[test]
+    fn a_thread_whose_calls_come_before_its_clone_returns_is_still_of_its_process() {
+        // strace printed the reader's read before the creator's clone3 returned.
+        let trace = observed(&format!(
+            "100 1.000 socketpair(AF_UNIX, SOCK_STREAM, 0, [7, 8]) = 0\n\
+             100 1.001 clone3({{flags=CLONE_VM|CLONE_THREAD}} <unfinished ...>\n\
+             101 1.002 read(7, \"x\", 8) = 1\n\
+             100 1.003 <... clone3 resumed> => {{parent_tid=[101]}}, 88) = 101\n\
+             100 1.007 close(7) = 0\n\
+             101 1.008 {M}, 0x7, 0x7f00, 0x1, 0) = -1 EINVAL\n"
+        ));
+        assert_eq!(
+            checks_of(&trace, LIFECYCLE),
+            vec!["close before the receiver is done"]
         );
     }
 

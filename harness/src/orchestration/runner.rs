@@ -984,4 +984,44 @@ mod tests {
         );
         assert_eq!(shell_word("it's"), "'it'\\''s'");
     }
+
+    #[test]
+    fn a_torch_scenario_s_line_pins_its_release_and_pastes_back_to_the_same_words() {
+        let rerun = Rerun {
+            head: vec![
+                "wringer".into(),
+                "run".into(),
+                "--hosts".into(),
+                "-h.yaml".into(),
+            ],
+            tail: None,
+        };
+        let root = Path::new("/srv/torch venvs/2.8.0");
+        let line = rerun.line(
+            Path::new("-x\u{202e}.yaml"),
+            Some(("WRINGER_TORCH", root)),
+            7,
+            0,
+            &[],
+            &[],
+            true,
+        );
+        assert!(
+            line.starts_with("WRINGER_TORCH='/srv/torch venvs/2.8.0' wringer run"),
+            "{line}"
+        );
+        assert!(!line.contains('\u{202e}'), "{line}");
+        // bash reads it back as the same assignment and words.
+        let out = std::process::Command::new("bash")
+            .args([
+                "-c",
+                &format!("wringer() {{ printf '%s|' \"$WRINGER_TORCH\" \"$@\"; }}; {line}"),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "/srv/torch venvs/2.8.0|run|--hosts|./-h.yaml|--seed|7|--attempt|0|--shrink|./-x\u{202e}.yaml|"
+        );
+    }
 }
