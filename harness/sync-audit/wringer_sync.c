@@ -99,9 +99,11 @@ static long self_tid(void)
 }
 
 /* The locks this thread holds, and whether each one's HOLD was told. A HOLD is told lazily,
- * when it matters to the wait-for audit: the lock is shared, or the thread takes another lock
- * under it (lock order), or waits under it. Then every lock held is told first, so the
- * checker knows the thread's held set at that point. */
+ * when it matters to the wait-for audit: the thread takes a lock under another for the first
+ * time under that one (a new lock-order edge), or waits while holding it. Then every lock held
+ * is told first, so the checker knows the thread's held set at that point. Who else takes a
+ * lock the checker learns from the acquires: a thread that spins on a lock under another
+ * (V8's workers do) costs two markers once, not two per turn (under strace each is a stop). */
 #define HELD_MAX 32
 struct held {
     const void *lock;
@@ -110,6 +112,22 @@ struct held {
 };
 static __thread struct held held[HELD_MAX];
 static __thread int held_n;
+
+/* Lock-order edges this thread already told (outer, inner), a small ring. */
+#define EDGES 64
+static __thread const void *edge_outer[EDGES], *edge_inner[EDGES];
+static __thread int edge_next;
+
+static int edge_told(const void *outer, const void *inner)
+{
+    for (int i = 0; i < EDGES; i++)
+        if (edge_outer[i] == outer && edge_inner[i] == inner)
+            return 1;
+    edge_outer[edge_next] = outer;
+    edge_inner[edge_next] = inner;
+    edge_next = (edge_next + 1) % EDGES;
+    return 0;
+}
 
 static void tell_held(void)
 {
@@ -136,7 +154,8 @@ static void took(const void *lock, const void *site)
         }
         shared = atomic_load_explicit(&s->shared, memory_order_relaxed);
     }
-    int nested = held_n > 0;
+    /* A new edge under the innermost lock held: tell the held set, then this lock. */
+    int nested = held_n > 0 && !edge_told(held[held_n - 1].lock, lock);
     if (nested)
         tell_held();
     int added = held_n < HELD_MAX;
@@ -146,7 +165,8 @@ static void took(const void *lock, const void *site)
         held[held_n].told = 0;
         held_n++;
     }
-    if (shared || nested || !added) {
+    (void)shared;
+    if (nested || !added) {
         mark(SYNC_HOLD, lock, site);
         if (added)
             held[held_n - 1].told = 1;

@@ -1146,11 +1146,12 @@ impl Audit<'_> {
                 }
             }
             SyncKind::Acquire => {
+                // Takers of a lock: whoever acquires it from another thread, and the thread
+                // that held it before it was shared (aux).
+                let w = self.waits.entry(pid).or_default();
+                w.taker(tid, m.object);
                 if m.aux != 0 {
-                    self.waits
-                        .entry(pid)
-                        .or_default()
-                        .taker(m.aux as u32, m.object);
+                    w.taker(m.aux as u32, m.object);
                 }
                 if !self.hb.acquire(tid, object) && m.aux != 0 {
                     self.hb.acquire_from_thread(tid, m.aux as u32);
