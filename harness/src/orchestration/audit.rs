@@ -620,6 +620,7 @@ impl Audit<'_> {
     }
 
     fn run(mut self) -> Vec<Violation> {
+        self.tgid = threads_of(&self.lines);
         for i in 0..self.lines.len() {
             let line = self.lines[i];
             let Some((tid, ev)) = parse_line(line) else {
@@ -1389,6 +1390,33 @@ impl Audit<'_> {
             );
         }
     }
+}
+
+/// Every thread's process, from the whole trace first: a new thread's calls can come before
+/// its creator's clone returns (strace and the ring buffer both show that under load), and
+/// read in one pass they would be taken for another process's.
+fn threads_of(lines: &[&str]) -> BTreeMap<u32, u32> {
+    let mut tgid: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut started: BTreeMap<u32, &str> = BTreeMap::new();
+    for line in lines {
+        let Some((tid, ev)) = parse_line(line) else {
+            continue;
+        };
+        let (name, args, ret) = match ev {
+            Event::Started { name, args } if name.starts_with("clone") => {
+                started.insert(tid, args);
+                continue;
+            }
+            Event::Call { name, args, ret } => (name, args, ret),
+            Event::Resumed { name, ret, .. } => (name, started.remove(&tid).unwrap_or(""), ret),
+            _ => continue,
+        };
+        if let Some((child, true)) = cloned_thread(name, args, ret) {
+            let root = *tgid.get(&tid).unwrap_or(&tid);
+            tgid.insert(child, root);
+        }
+    }
+    tgid
 }
 
 /// The channel a descriptor's `shutdown` releases into and the read it ends (EOF) acquires.
