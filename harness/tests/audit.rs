@@ -127,25 +127,7 @@ fn the_audit_catches_a_broken_program_wringer_did_not_write() {
 
 /// Build a fixture of `fixtures/lifecycle/`, broken or as its correct twin (`-DCORRECT`).
 fn build_lifecycle_fixture(dir: &std::path::Path, name: &str, correct: bool) -> PathBuf {
-    let exe = dir.join(if correct {
-        format!("{name}_correct")
-    } else {
-        name.to_string()
-    });
-    let src = repo().join(format!("harness/tests/fixtures/lifecycle/{name}.c"));
-    let mut cc = Command::new("cc");
-    cc.args(["-O0", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src);
-    if correct {
-        cc.arg("-DCORRECT");
-    }
-    assert!(
-        cc.status().unwrap().success(),
-        "compiling {}",
-        src.display()
-    );
-    exe
+    common::build_fixture(dir, "lifecycle", name, correct)
 }
 
 /// Run `exe` with its syscalls recorded by `backend`; the checks it trips.

@@ -4,94 +4,24 @@
 //! condition variable, a semaphore, a mutex) on none. The sync observer is preloaded into the
 //! program by `wringer audit`.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 mod common;
 
-use common::repo;
+use common::{audit_repeats, build_fixture, scratch};
 
-const WRINGER: &str = env!("CARGO_BIN_EXE_wringer");
 const RUNS: u32 = 20;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wringer-hb-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn build(dir: &Path, name: &str, correct: bool) -> PathBuf {
-    let exe = dir.join(if correct {
-        format!("{name}_correct")
-    } else {
-        name.into()
-    });
-    let src = repo().join(format!("harness/tests/fixtures/happens_before/{name}.c"));
-    let mut cc = Command::new("cc");
-    cc.args(["-O0", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src);
-    if correct {
-        cc.arg("-DCORRECT");
-    }
-    assert!(
-        cc.status().unwrap().success(),
-        "compiling {}",
-        src.display()
-    );
-    exe
-}
-
-/// `wringer audit --repeat runs` of `exe`: (runs that failed, every failure's text).
-fn audit(dir: &Path, exe: &Path, backend: &str, runs: u32) -> (u64, String) {
-    let report = dir.join(format!(
-        "{}-{backend}",
-        exe.file_name().unwrap().to_string_lossy()
-    ));
-    let out = Command::new(WRINGER)
-        .args([
-            "audit",
-            "--audit-backend",
-            backend,
-            "--repeat",
-            &runs.to_string(),
-        ])
-        .arg("--report-dir")
-        .arg(&report)
-        .arg("--")
-        .arg(exe)
-        .env("WRINGER_REPLAYS", "0")
-        .env("CI", "true")
-        .output()
-        .unwrap();
-    let code = out.status.code();
-    assert!(
-        matches!(code, Some(0 | 1)),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(report.join("results.json")).unwrap()).unwrap();
-    let s = &v["scenarios"][0];
-    (
-        s["repeats_failed"].as_u64().unwrap(),
-        s["evidence"]["failures"].to_string(),
-    )
-}
-
 fn flagged_every_run_and_the_twin_never(name: &str, check: &str) {
-    let dir = scratch(name);
-    let broken = build(&dir, name, false);
-    let twin = build(&dir, name, true);
+    let dir = scratch("hb", name);
+    let broken = build_fixture(&dir, "happens_before", name, false);
+    let twin = build_fixture(&dir, "happens_before", name, true);
     for backend in ["ebpf", "strace"] {
-        let (failed, text) = audit(&dir, &broken, backend, RUNS);
+        let (failed, text) = audit_repeats(&dir, &broken, backend, &[], RUNS);
         assert_eq!(failed, u64::from(RUNS), "{name} ({backend}): {text}");
         assert!(
             text.contains(check),
             "{name} ({backend}): no {check:?} in {text}"
         );
-        let (failed, text) = audit(&dir, &twin, backend, 5);
+        let (failed, text) = audit_repeats(&dir, &twin, backend, &[], 5);
         assert_eq!(failed, 0, "{name}'s correct twin ({backend}): {text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -131,10 +61,10 @@ fn a_double_close() {
 /// uses after close.
 #[test]
 fn probes_sweeps_and_exec_chains_are_clean() {
-    let dir = scratch("probes");
-    let exe = build(&dir, "probes", true);
+    let dir = scratch("hb", "probes");
+    let exe = build_fixture(&dir, "happens_before", "probes", true);
     for backend in ["ebpf", "strace"] {
-        let (failed, text) = audit(&dir, &exe, backend, 3);
+        let (failed, text) = audit_repeats(&dir, &exe, backend, &[], 3);
         assert_eq!(failed, 0, "probes ({backend}): {text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -146,9 +76,9 @@ fn probes_sweeps_and_exec_chains_are_clean() {
 /// 3.3 million events and could only be "trace incomplete".
 #[test]
 fn threads_spinning_on_non_blocking_receives_lose_no_event() {
-    let dir = scratch("spinning");
-    let exe = build(&dir, "spinning", true);
-    let (failed, text) = audit(&dir, &exe, "ebpf", 2);
+    let dir = scratch("hb", "spinning");
+    let exe = build_fixture(&dir, "happens_before", "spinning", true);
+    let (failed, text) = audit_repeats(&dir, &exe, "ebpf", &[], 2);
     assert_eq!(failed, 0, "spinning (ebpf): {text}");
     assert!(!text.contains("incomplete"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);

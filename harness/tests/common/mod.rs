@@ -59,3 +59,82 @@ pub fn processes_with(marker: &str) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A fresh scratch folder under `$TMPDIR` for one test (`tag` names the test file).
+pub fn scratch(tag: &str, name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wringer-{tag}-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Build the C fixture `harness/tests/fixtures/FOLDER/NAME.c` into `dir`, broken or as its
+/// correct twin (`-DCORRECT`).
+pub fn build_fixture(dir: &Path, folder: &str, name: &str, correct: bool) -> PathBuf {
+    let exe = dir.join(if correct {
+        format!("{name}_correct")
+    } else {
+        name.to_string()
+    });
+    let src = repo().join(format!("harness/tests/fixtures/{folder}/{name}.c"));
+    let mut cc = Command::new("cc");
+    cc.args(["-O0", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src);
+    if correct {
+        cc.arg("-DCORRECT");
+    }
+    assert!(
+        cc.status().unwrap().success(),
+        "compiling {}",
+        src.display()
+    );
+    exe
+}
+
+/// `wringer audit` of `exe` with `checks` (none: its defaults), `runs` times, its syscalls
+/// recorded by `backend`: (runs that failed, the failures' text).
+pub fn audit_repeats(
+    dir: &Path,
+    exe: &Path,
+    backend: &str,
+    checks: &[&str],
+    runs: u32,
+) -> (u64, String) {
+    let report = dir.join(format!(
+        "{}-{backend}",
+        exe.file_name().unwrap().to_string_lossy()
+    ));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wringer"));
+    cmd.args([
+        "audit",
+        "--audit-backend",
+        backend,
+        "--repeat",
+        &runs.to_string(),
+    ]);
+    for c in checks {
+        cmd.args(["--check", c]);
+    }
+    let out = cmd
+        .arg("--report-dir")
+        .arg(&report)
+        .arg("--")
+        .arg(exe)
+        .env("WRINGER_REPLAYS", "0")
+        .env("CI", "true")
+        .output()
+        .unwrap();
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report.join("results.json")).unwrap()).unwrap();
+    let s = &v["scenarios"][0];
+    (
+        s["repeats_failed"].as_u64().unwrap(),
+        s["evidence"]["failures"].to_string(),
+    )
+}
