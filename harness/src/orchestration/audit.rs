@@ -1102,20 +1102,6 @@ impl Audit<'_> {
         }
     }
 
-    /// Merge what a thread did before its process was known (see `effects`) into `pid`.
-    fn adopt(&mut self, pid: u32, early: Process) {
-        let p = self.procs.entry(pid).or_default();
-        for (n, f) in early.fds {
-            let mine = p.fds.entry(n).or_default();
-            mine.users.extend(f.users);
-            mine.last_wait.extend(f.last_wait);
-        }
-        for (t, th) in early.threads {
-            p.threads.entry(t).or_insert(th);
-        }
-        p.names_receivers |= early.names_receivers;
-    }
-
     /// A sync observer's marker: an edge of happens-before, or the observer saying it is here.
     fn sync(&mut self, pid: u32, tid: u32, m: sync_marker::SyncMarker, i: usize) {
         let object = Object::Address {
@@ -1181,14 +1167,6 @@ impl Audit<'_> {
             self.hb.spawn(tid, child);
             if thread {
                 self.tgid.insert(child, pid);
-                // The new thread may have run before its creator's clone returned (strace and
-                // the ring buffer then show its calls first, as a process of its own): what
-                // it did so far was done in this process.
-                if child != pid {
-                    if let Some(early) = self.procs.remove(&child) {
-                        self.adopt(pid, early);
-                    }
-                }
                 let p = self.procs.entry(pid).or_default();
                 p.threads.entry(child).or_default().created = in_step;
             }
