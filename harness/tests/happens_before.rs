@@ -11,17 +11,22 @@ use common::{audit_repeats, build_fixture, scratch};
 const RUNS: u32 = 20;
 
 fn flagged_every_run_and_the_twin_never(name: &str, check: &str) {
+    flagged_with(name, check, &[]);
+}
+
+/// As above, with `checks` asked for (none: `wringer audit`'s defaults).
+fn flagged_with(name: &str, check: &str, checks: &[&str]) {
     let dir = scratch("hb", name);
     let broken = build_fixture(&dir, "happens_before", name, false);
     let twin = build_fixture(&dir, "happens_before", name, true);
     for backend in ["ebpf", "strace"] {
-        let (failed, text) = audit_repeats(&dir, &broken, backend, &[], RUNS);
+        let (failed, text) = audit_repeats(&dir, &broken, backend, checks, RUNS);
         assert_eq!(failed, u64::from(RUNS), "{name} ({backend}): {text}");
         assert!(
             text.contains(check),
             "{name} ({backend}): no {check:?} in {text}"
         );
-        let (failed, text) = audit_repeats(&dir, &twin, backend, &[], 5);
+        let (failed, text) = audit_repeats(&dir, &twin, backend, checks, 5);
         assert_eq!(failed, 0, "{name}'s correct twin ({backend}): {text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -55,6 +60,20 @@ fn a_stale_handle_on_a_reused_number() {
 #[test]
 fn a_double_close() {
     flagged_every_run_and_the_twin_never("double_close", "double close");
+}
+
+/// A socket inherited across `exec` without close-on-exec by a program that never uses it,
+/// still open there when the parent closes its own end; the twin makes it close-on-exec and
+/// hands a pipe over on purpose (the child writes to it).
+#[test]
+fn a_socket_inherited_without_close_on_exec() {
+    flagged_every_run_and_the_twin_never("inherited_socket", "without close-on-exec");
+}
+
+/// `--check leaks` under `wringer audit`: what the program made and left open at its exit.
+#[test]
+fn a_descriptor_left_open_at_exit() {
+    flagged_with("exit_leak", "still open when it exited", &["leaks"]);
 }
 
 /// Probes of numbers a program never held, a close-on-exec sweep and an exec chain are not

@@ -1,6 +1,6 @@
 //! Real programs nobody here wrote, believed correct, audited clean with both recorders: a
 //! finding on any of them would be a false alarm (see docs/audit.md for what each exercises).
-//! Each runs under `wringer audit` (descriptor lifecycle and leaks), with the sync observer
+//! Each runs under `wringer audit` (the descriptor lifecycle, its default check), with the sync observer
 //! preloaded, with eBPF and with strace.
 
 use std::path::{Path, PathBuf};

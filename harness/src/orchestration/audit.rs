@@ -471,6 +471,27 @@ fn creates_fds(name: &str, args: &str, ret: &str) -> Vec<i32> {
     }
 }
 
+/// Whether a descriptor maker made its descriptor close-on-exec (`SOCK_CLOEXEC`, `O_CLOEXEC`,
+/// `EFD_CLOEXEC`, `F_DUPFD_CLOEXEC` and kin; pidfds and io_uring instances always are).
+fn born_cloexec(name: &str, args: &str) -> bool {
+    match name {
+        "pidfd_open" | "pidfd_getfd" | "io_uring_setup" => true,
+        "dup" | "dup2" => false,
+        "fcntl" => args.contains("F_DUPFD_CLOEXEC"),
+        _ => args.contains("CLOEXEC"),
+    }
+}
+
+/// The kind of descriptor whose peer sees an end only when every copy of it is closed.
+fn conduit_of(name: &str) -> Option<&'static str> {
+    match name {
+        "socket" | "accept" | "accept4" | "socketpair" => Some("socket"),
+        "pipe" | "pipe2" => Some("pipe"),
+        // (its write end: the second of the two)
+        _ => None,
+    }
+}
+
 /// The thread a clone made, when it is a thread (shares the process) rather than a process.
 fn cloned_thread(name: &str, args: &str, ret: &str) -> Option<(u32, bool)> {
     if !matches!(name, "clone" | "clone3" | "vfork" | "fork") {
@@ -502,6 +523,35 @@ struct Fd {
     /// The kernel channel it is an end of (pipe, socket pair, eventfd): a message sent into it
     /// orders the sender before the receiver.
     channel: Option<u64>,
+    /// Which descriptor this is, trace-wide (0: one the trace never saw made); a forked
+    /// child's copy keeps its original's (`origin`).
+    id: u64,
+    /// Close-on-exec: it does not survive an `execve`.
+    cloexec: bool,
+    /// A socket or pipe: what a peer reads its end of (EOF) only when every copy is closed.
+    conduit: Option<&'static str>,
+    /// The process and descriptor this copy was inherited from at a fork (the first one,
+    /// through a chain of forks).
+    origin: Option<(u32, u64)>,
+    /// Where the current program image made it (for `leaks` at the program's exit).
+    image_made: Option<usize>,
+    /// Its entry in the audit's inherited copies, once it crossed an `execve`.
+    inherited: Option<usize>,
+}
+
+/// A socket or pipe a process inherited and carried across its `execve`: its new program
+/// never heard of it unless it uses it.
+struct Inherited {
+    pid: u32,
+    fd: i32,
+    origin: (u32, u64),
+    exec_line: usize,
+    used: bool,
+    closed: Option<usize>,
+    conduit: &'static str,
+    /// It was seen alive when its origin closed its own copy: inside a call then, or making
+    /// one after (a recorder may print its end after the close that followed it).
+    held_then: bool,
 }
 
 /// One thread's call on a descriptor, as the happens-before check needs it.
@@ -536,6 +586,12 @@ struct Process {
     /// The sync observer is loaded in it: its pthread synchronisation is in the trace, and
     /// releases are judged by happens-before.
     observed: bool,
+    /// It reported a step (a rank): `leaks` counts between its step markers, not at its exit.
+    stepped: bool,
+    /// It called `exit_group` (or its last thread `exit`): it ended by itself, not by a kill.
+    exiting: bool,
+    /// Where its main thread's end was seen.
+    ended: Option<usize>,
 }
 
 /// A call in progress on a thread.
@@ -584,6 +640,17 @@ struct Audit<'a> {
     waits: BTreeMap<u32, WaitFor>,
     /// Kernel channels (pipes, socket pairs, eventfds) numbered as they are made.
     channels: u64,
+    /// Descriptors numbered as they are made (0 stays "never seen made").
+    fd_ids: u64,
+    /// Every process's parent (a fork, not a thread), from the whole trace first: a child's
+    /// first calls come before its parent's `vfork` returns.
+    parents: BTreeMap<u32, u32>,
+    /// Processes whose inherited descriptors are already copied from their parent.
+    copied: BTreeSet<u32>,
+    /// Sockets and pipes carried across an `execve`, for the inherited-leak rule.
+    inherited: Vec<Inherited>,
+    /// Where each process closed its own copy of a socket or pipe, by its id.
+    own_closes: BTreeMap<(u32, u64), usize>,
 }
 
 impl Audit<'_> {
@@ -620,13 +687,17 @@ impl Audit<'_> {
     }
 
     fn run(mut self) -> Vec<Violation> {
-        self.tgid = threads_of(&self.lines);
+        (self.tgid, self.parents) = threads_of(&self.lines);
         for i in 0..self.lines.len() {
             let line = self.lines[i];
             let Some((tid, ev)) = parse_line(line) else {
                 continue;
             };
             let pid = *self.tgid.entry(tid).or_insert(tid);
+            self.inherit(pid);
+            if matches!(ev, Event::Call { .. } | Event::Started { .. }) {
+                self.alive(pid);
+            }
             self.procs
                 .entry(pid)
                 .or_default()
@@ -636,6 +707,10 @@ impl Audit<'_> {
             match ev {
                 Event::Call { name, args, ret } => self.call(pid, tid, name, args, ret, i),
                 Event::Started { name, args } => {
+                    if name == "exit_group" {
+                        // It does not return: the eBPF recorder prints it as unfinished.
+                        self.procs.entry(pid).or_default().exiting = true;
+                    }
                     let fds = fds_of(name, args);
                     // A release is judged where it returns (a close of a closed number fails
                     // there with EBADF); its start is not a use of what it releases.
@@ -657,8 +732,12 @@ impl Audit<'_> {
                     if let Some(call) = self.inside.remove(&tid).filter(|c| c.name == name) {
                         // Usage was noted when it started; its effects count where it returned,
                         // with what the call wrote (fds) or sent, when printed only then.
+                        // strace prints only the rest there (`[3, 4]) = 0`), after the flags
+                        // it printed at the start: both are read.
+                        let joined;
                         let args = if !args.is_empty() && returns_args(name) {
-                            args
+                            joined = format!("{}{args}", call.args);
+                            &joined
                         } else {
                             &call.args
                         };
@@ -670,6 +749,13 @@ impl Audit<'_> {
                     }
                 }
                 Event::Exited => {
+                    if tid == pid {
+                        self.procs.entry(pid).or_default().ended = Some(i);
+                        // Its descriptors close with it.
+                        for h in self.inherited.iter_mut().filter(|h| h.pid == pid) {
+                            h.closed.get_or_insert(i);
+                        }
+                    }
                     self.hb.release(tid, Object::ProcessEnd(pid));
                     self.inside.remove(&tid);
                     if let Some(p) = self.procs.get_mut(&pid) {
@@ -692,6 +778,8 @@ impl Audit<'_> {
                 self.flag(f.check, pid, None, f.detail, at, &f.lines);
             }
         }
+        self.inherited_leaks();
+        self.exit_leaks();
         if self.hung && untimed {
             let stuck: Vec<(u32, String, usize)> = self
                 .inside
@@ -762,7 +850,17 @@ impl Audit<'_> {
                 let (Some(first), Some(last)) = (arg(0), arg(1)) else {
                     return;
                 };
-                if !ok || args.contains("CLOSE_RANGE_CLOEXEC") {
+                if !ok {
+                    return;
+                }
+                if args.contains("CLOSE_RANGE_CLOEXEC") {
+                    let p = self.procs.entry(pid).or_default();
+                    for (_, f) in p
+                        .fds
+                        .range_mut(first as i32..=last.min(i32::MAX as i64) as i32)
+                    {
+                        f.cloexec = true;
+                    }
                     return;
                 }
                 let open: Vec<i32> = self
@@ -829,6 +927,9 @@ impl Audit<'_> {
         let now = self.hb.now(tid);
         let p = self.procs.entry(pid).or_default();
         let f = p.fds.entry(fd).or_default();
+        if let Some(k) = f.inherited.filter(|_| f.closed_at.is_none()) {
+            self.inherited[k].used = true;
+        }
         if waits_on(name) {
             f.last_wait.insert(
                 tid,
@@ -948,6 +1049,22 @@ impl Audit<'_> {
             }
         }
         let f = p.fds.entry(fd).or_default();
+        if f.closed_at.is_none() {
+            if f.conduit.is_some() && f.id != 0 {
+                self.own_closes.insert((pid, f.id), i);
+                let origin = (pid, f.id);
+                for h in self.inherited.iter_mut() {
+                    if h.origin == origin && h.closed.is_none() {
+                        h.held_then |= self.inside.iter().any(|(t, c)| {
+                            self.tgid.get(t) == Some(&h.pid) && c.name != "exit_group"
+                        });
+                    }
+                }
+            }
+            if let Some(k) = f.inherited {
+                self.inherited[k].closed = Some(i);
+            }
+        }
         f.closed_at = Some(i);
         f.closer = Some(tid);
         // The kernel drops a closed descriptor from every epoll set (its last reference).
@@ -1169,7 +1286,14 @@ impl Audit<'_> {
                 self.tgid.insert(child, pid);
                 let p = self.procs.entry(pid).or_default();
                 p.threads.entry(child).or_default().created = in_step;
+            } else {
+                self.parents.insert(child, pid);
+                self.inherit(child);
             }
+            return;
+        }
+        if name == "exit_group" {
+            self.procs.entry(pid).or_default().exiting = true;
             return;
         }
         let returned: Option<i64> = ret.split_whitespace().next().and_then(|r| r.parse().ok());
@@ -1179,13 +1303,16 @@ impl Audit<'_> {
             }
         }
         if name == "execve" && returned == Some(0) {
-            // A new program image: its predecessor's closes and users are not its own.
-            let p = self.procs.entry(pid).or_default();
-            p.fds.retain(|_, f| f.closed_at.is_none());
-            for f in p.fds.values_mut() {
-                f.users.clear();
-                f.last_wait.clear();
-                f.stale.clear();
+            self.new_image(pid, i);
+        }
+        if name == "fcntl" && args.contains("F_SETFD") && returned == Some(0) {
+            let mut a = args.split(',').map(str::trim);
+            if let (Some(Ok(fd)), Some(flag)) = (a.next().map(str::parse::<i32>), a.nth(1)) {
+                let on =
+                    flag.contains("FD_CLOEXEC") || flag.parse::<u64>().is_ok_and(|v| v & 1 == 1);
+                if let Some(f) = self.procs.entry(pid).or_default().fds.get_mut(&fd) {
+                    f.cloexec = on;
+                }
             }
         }
         let first_fd = fds_of(name, args).first().copied();
@@ -1224,7 +1351,16 @@ impl Audit<'_> {
             self.channels += 1;
             self.channels
         });
-        for new in made {
+        // A copy (dup, F_DUPFD) is of its source's kind; close-on-exec is the copy's own.
+        let source_conduit = matches!(name, "dup" | "dup2" | "dup3" | "fcntl")
+            .then(|| first_fd)
+            .flatten()
+            .and_then(|fd| self.procs.get(&pid)?.fds.get(&fd)?.conduit);
+        let conduit = conduit_of(name).or(source_conduit);
+        let cloexec = born_cloexec(name, args);
+        for (k, new) in made.into_iter().enumerate() {
+            // A pipe's reader waits for the end of its write end only.
+            let conduit = conduit.filter(|c| *c != "pipe" || k == 1);
             // The kernel hands out a number only once it is free: a close of it still in
             // progress on another thread (its return not yet in the trace) is over by now.
             let closing: Vec<u32> = self
@@ -1245,6 +1381,7 @@ impl Audit<'_> {
                 Some(old) if old.closed_at.is_some() => (old.users.clone(), old.closer),
                 _ => (BTreeSet::new(), None),
             };
+            self.fd_ids += 1;
             fds.insert(
                 new,
                 Fd {
@@ -1253,6 +1390,10 @@ impl Audit<'_> {
                     stale,
                     stale_closer,
                     channel,
+                    id: self.fd_ids,
+                    cloexec,
+                    conduit,
+                    image_made: Some(i),
                     ..Fd::default()
                 },
             );
@@ -1289,6 +1430,188 @@ impl Audit<'_> {
         }
     }
 
+    /// A forked process starts with a copy of its parent's open descriptors, as the parent's
+    /// are when the child's first call or the fork's return is read, whichever comes first
+    /// (a `vfork` returns only after the child's `execve`).
+    fn inherit(&mut self, child: u32) {
+        let Some(&parent) = self.parents.get(&child) else {
+            return;
+        };
+        if !self.copied.insert(child) {
+            return;
+        }
+        let copies: Vec<(i32, Fd)> = self
+            .procs
+            .get(&parent)
+            .map(|p| {
+                p.fds
+                    .iter()
+                    .filter(|(_, f)| f.closed_at.is_none())
+                    .map(|(n, f)| {
+                        let copy = Fd {
+                            id: f.id,
+                            cloexec: f.cloexec,
+                            conduit: f.conduit,
+                            channel: f.channel,
+                            origin: f.origin.or((f.id != 0).then_some((parent, f.id))),
+                            ..Fd::default()
+                        };
+                        (*n, copy)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let fds = &mut self.procs.entry(child).or_default().fds;
+        for (n, copy) in copies {
+            fds.entry(n).or_insert(copy);
+        }
+    }
+
+    /// `pid` makes a call: every inherited copy it still holds whose origin has closed its own
+    /// was held then.
+    fn alive(&mut self, pid: u32) {
+        if self.own_closes.is_empty() {
+            return;
+        }
+        for h in self.inherited.iter_mut() {
+            if h.pid == pid && h.closed.is_none() && self.own_closes.contains_key(&h.origin) {
+                h.held_then = true;
+            }
+        }
+    }
+
+    /// A successful `execve`: close-on-exec descriptors are gone, the rest carry on into a
+    /// program that knows of them only if it is told (and then uses them); the old image's
+    /// closes and users are not the new one's.
+    fn new_image(&mut self, pid: u32, i: usize) {
+        let p = self.procs.entry(pid).or_default();
+        p.fds.retain(|_, f| f.closed_at.is_none() && !f.cloexec);
+        for (&n, f) in p.fds.iter_mut() {
+            f.users.clear();
+            f.last_wait.clear();
+            f.stale.clear();
+            f.image_made = None;
+            let (Some(origin), Some(conduit)) = (f.origin, f.conduit) else {
+                continue;
+            };
+            // Standard input, output and error are handed over on purpose.
+            if n <= 2 {
+                continue;
+            }
+            let unheard = f.inherited.is_some_and(|k| !self.inherited[k].used);
+            if !unheard {
+                f.inherited = Some(self.inherited.len());
+                self.inherited.push(Inherited {
+                    pid,
+                    fd: n,
+                    origin,
+                    exec_line: i,
+                    used: false,
+                    closed: None,
+                    conduit,
+                    held_then: false,
+                });
+            }
+        }
+    }
+
+    /// A socket or pipe that crossed an `execve` without close-on-exec into a program that
+    /// never used it, still open there when the process it came from closed its own copy:
+    /// the peer sees no end (EOF, a reset) until that program closes it or exits.
+    fn inherited_leaks(&mut self) {
+        if !(self.on(AuditCheck::FdLifecycle) || self.on(AuditCheck::Leaks)) {
+            return;
+        }
+        let found: Vec<(Inherited, usize)> = self
+            .inherited
+            .iter()
+            .filter(|h| !h.used && h.held_then)
+            .filter_map(|h| {
+                let own = *self.own_closes.get(&h.origin)?;
+                // Closed by its origin while this copy was open: before the `execve` too,
+                // since the copy then crossed it.
+                h.closed.is_none_or(|c| c > own).then_some((
+                    Inherited {
+                        pid: h.pid,
+                        fd: h.fd,
+                        origin: h.origin,
+                        exec_line: h.exec_line,
+                        used: false,
+                        closed: h.closed,
+                        conduit: h.conduit,
+                        held_then: true,
+                    },
+                    own,
+                ))
+            })
+            .collect();
+        for (h, own) in found {
+            let until = match h.closed {
+                Some(c) => format!("until line {}", c + 1),
+                None => "while it lived".to_string(),
+            };
+            self.flag(
+                "leak",
+                h.pid,
+                Some(h.fd),
+                format!(
+                    "process {} inherited fd {} (a {}) from process {} without close-on-exec and \
+                     carried it across its execve (line {}) into a program that never used it; \
+                     process {} closed its own copy (line {}), but the {} stayed open in process \
+                     {} {until}, so its peer saw no end: make it close-on-exec \
+                     (SOCK_CLOEXEC, O_CLOEXEC, FD_CLOEXEC) or close it in the child",
+                    h.pid,
+                    h.fd,
+                    h.conduit,
+                    h.origin.0,
+                    h.exec_line + 1,
+                    h.origin.0,
+                    own + 1,
+                    h.conduit,
+                    h.pid
+                ),
+                own,
+                &[h.exec_line],
+            );
+        }
+    }
+
+    /// `leaks` for a program that reports no steps (`wringer audit`): every descriptor its
+    /// last program image made and did not close by the time it exited by itself, as
+    /// valgrind's `--track-fds` reports them. Standard input, output and error are not counted.
+    fn exit_leaks(&mut self) {
+        if !self.on(AuditCheck::Leaks) {
+            return;
+        }
+        let found: Vec<(u32, i32, usize, usize)> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| !p.stepped && p.exiting)
+            .filter_map(|(pid, p)| Some((pid, p, p.ended?)))
+            .flat_map(|(pid, p, end)| {
+                p.fds
+                    .iter()
+                    .filter(|(n, f)| **n > 2 && f.closed_at.is_none())
+                    .filter_map(move |(n, f)| Some((*pid, *n, f.image_made?, end)))
+            })
+            .collect();
+        for (pid, fd, made, end) in found {
+            self.flag(
+                "leak",
+                pid,
+                Some(fd),
+                format!(
+                    "fd {fd}, made by process {pid}'s program (line {}), was still open when it \
+                     exited (line {})",
+                    made + 1,
+                    end + 1
+                ),
+                made,
+                &[end],
+            );
+        }
+    }
+
     /// `epoll_ctl(5, EPOLL_CTL_ADD, 7, {…}) = 0`: 7 joins (or with DEL leaves) set 5.
     fn epoll_ctl(&mut self, pid: u32, args: &str) {
         let mut parts = args.split(',').map(str::trim);
@@ -1316,6 +1639,7 @@ impl Audit<'_> {
         if args.contains("step-start") {
             self.step.insert(pid, i);
             let p = self.procs.entry(pid).or_default();
+            p.stepped = true;
             p.fds.values_mut().for_each(|f| f.created = None);
             p.threads.values_mut().for_each(|t| t.created = None);
             return;
@@ -1373,8 +1697,10 @@ impl Audit<'_> {
 /// Every thread's process, from the whole trace first: a new thread's calls can come before
 /// its creator's clone returns (strace and the ring buffer both show that under load), and
 /// read in one pass they would be taken for another process's.
-fn threads_of(lines: &[&str]) -> BTreeMap<u32, u32> {
+/// Also every process's parent.
+fn threads_of(lines: &[&str]) -> (BTreeMap<u32, u32>, BTreeMap<u32, u32>) {
     let mut tgid: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut parents: BTreeMap<u32, u32> = BTreeMap::new();
     let mut started: BTreeMap<u32, &str> = BTreeMap::new();
     for line in lines {
         let Some((tid, ev)) = parse_line(line) else {
@@ -1389,12 +1715,18 @@ fn threads_of(lines: &[&str]) -> BTreeMap<u32, u32> {
             Event::Resumed { name, ret, .. } => (name, started.remove(&tid).unwrap_or(""), ret),
             _ => continue,
         };
-        if let Some((child, true)) = cloned_thread(name, args, ret) {
-            let root = *tgid.get(&tid).unwrap_or(&tid);
-            tgid.insert(child, root);
+        match cloned_thread(name, args, ret) {
+            Some((child, true)) => {
+                let root = *tgid.get(&tid).unwrap_or(&tid);
+                tgid.insert(child, root);
+            }
+            Some((child, false)) => {
+                parents.insert(child, *tgid.get(&tid).unwrap_or(&tid));
+            }
+            None => {}
         }
     }
-    tgid
+    (tgid, parents)
 }
 
 /// The channel a descriptor's `shutdown` releases into and the read it ends (EOF) acquires.
@@ -1550,6 +1882,66 @@ mod tests {
             "{:#?}",
             analyse(&split, LIFECYCLE)
         );
+    }
+
+    /// A socket a child carries across its execve without close-on-exec into a program that
+    /// never uses it, while the parent closes its own copy: a leak. With SOCK_CLOEXEC, or when
+    /// the program uses the number (it was told it), or once the child is gone: none.
+    #[test]
+    fn a_socket_inherited_across_exec_without_close_on_exec_is_a_leak() {
+        let trace = |flags: &str, child_use: &str| {
+            format!(
+                "100 1.000 socketpair(AF_UNIX, {flags}, 0, [3, 4]) = 0\n\
+                 100 1.001 clone(child_stack=NULL, flags=SIGCHLD) = 200\n\
+                 200 1.002 execve(\"/bin/sleep\", [\"sleep\"], 0x1 /* 1 var */) = 0\n\
+                 {child_use}\
+                 100 1.003 close(3) = 0\n\
+                 200 1.004 nanosleep({{tv_sec=1, tv_nsec=0}}, NULL) = 0\n\
+                 200 1.005 exit_group(0) = ?\n\
+                 200 1.006 +++ exited with 0 +++\n"
+            )
+        };
+        let leaky = trace("SOCK_STREAM", "");
+        assert_eq!(checks_of(&leaky, LIFECYCLE), vec!["leak"], "{leaky}");
+        assert!(checks_of(&trace("SOCK_STREAM|SOCK_CLOEXEC", ""), LIFECYCLE).is_empty());
+        let told = trace("SOCK_STREAM", "200 1.0025 write(3, \"x\", 1) = 1\n");
+        assert!(checks_of(&told, LIFECYCLE).is_empty());
+        // Marked close-on-exec after it was made, before the fork.
+        let marked = leaky.replace(
+            "100 1.001 clone",
+            "100 1.0005 fcntl(3, F_SETFD, FD_CLOEXEC) = 0\n100 1.001 clone",
+        );
+        assert!(checks_of(&marked, LIFECYCLE).is_empty());
+        // The child ended before the parent's close (its end printed late by strace).
+        let gone = "100 1.000 socketpair(AF_UNIX, SOCK_STREAM, 0, [3, 4]) = 0\n\
+                    100 1.001 clone(child_stack=NULL, flags=SIGCHLD) = 200\n\
+                    200 1.002 execve(\"/bin/true\", [\"true\"], 0x1 /* 1 var */) = 0\n\
+                    200 1.003 exit_group(0) = ?\n\
+                    100 1.004 close(3) = 0\n\
+                    200 1.005 +++ exited with 0 +++\n";
+        assert!(checks_of(gone, LIFECYCLE).is_empty());
+    }
+
+    /// `leaks` for a program without steps: what its image made and left open at its exit,
+    /// not standard streams, not what it inherited, not after a kill.
+    #[test]
+    fn what_a_program_leaves_open_at_its_exit_is_a_leak_when_asked() {
+        let run = |end: &str| {
+            format!(
+                "100 1.000 execve(\"/bin/x\", [\"x\"], 0x1 /* 1 var */) = 0\n\
+                 100 1.001 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 5\n\
+                 100 1.002 dup2(5, 1) = 1\n\
+                 100 1.003 read(7, \"\", 8) = 0\n\
+                 {end}"
+            )
+        };
+        let exited = run("100 1.004 exit_group(0) = ?\n100 1.005 +++ exited with 0 +++\n");
+        let found = analyse(&exited, &[AuditCheck::Leaks]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert_eq!((found[0].check, found[0].fd), ("leak", Some(5)));
+        assert!(checks_of(&exited, LIFECYCLE).is_empty());
+        let killed = run("100 1.005 +++ killed by SIGKILL +++\n");
+        assert!(checks_of(&killed, &[AuditCheck::Leaks]).is_empty());
     }
 
     #[test]

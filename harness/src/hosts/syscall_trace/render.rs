@@ -429,7 +429,36 @@ fn args_text(s: &Syscall, enter: &Event, exit: Option<&Event>) -> String {
         }
         _ => rest(0),
     };
+    let mut parts = parts;
+    if let Some((at, bit, label)) = cloexec_flag(s.name, enter) {
+        if let Some(slot) = parts.get_mut(at) {
+            let rest = a(at) & !bit;
+            *slot = if rest == 0 {
+                label.to_string()
+            } else {
+                format!("{rest}|{label}")
+            };
+        }
+    }
     parts.join(", ")
+}
+
+/// Where a call's close-on-exec flag is, when it is set: the argument, its bit and strace's
+/// name for it (the checker follows close-on-exec across `execve`).
+fn cloexec_flag(name: &str, e: &Event) -> Option<(usize, u64, &'static str)> {
+    let o = libc::O_CLOEXEC as u64;
+    let (at, bit, label) = match name {
+        "socket" | "socketpair" => (1, o, "SOCK_CLOEXEC"),
+        "accept4" => (3, o, "SOCK_CLOEXEC"),
+        "open" | "pipe2" | "eventfd2" | "timerfd_create" => (1, o, "O_CLOEXEC"),
+        "openat" | "dup3" => (2, o, "O_CLOEXEC"),
+        "signalfd4" => (3, o, "O_CLOEXEC"),
+        "epoll_create1" | "inotify_init1" => (0, o, "O_CLOEXEC"),
+        "memfd_create" => (1, libc::MFD_CLOEXEC as u64, "MFD_CLOEXEC"),
+        "fcntl" if e.args[1] as i32 == libc::F_SETFD => (2, libc::FD_CLOEXEC as u64, "FD_CLOEXEC"),
+        _ => return None,
+    };
+    (e.args[at] & bit != 0).then_some((at, bit, label))
 }
 
 /// `[3 5]`: the descriptors below `n` set in a select set (`NULL` for none given).
