@@ -20,6 +20,8 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -235,9 +237,46 @@ REAL(int, pthread_timedjoin_np, pthread_t, void **, const struct timespec *)
 REAL(int, pthread_tryjoin_np, pthread_t, void **)
 REAL(void, pthread_exit, void *)
 
+/* The process's module map, appended to `$WRINGER_SYNC_MAPS.<pid>.maps` (a prefix in the run's
+ * private folder) when the observer attaches and when the program exits: the checker turns
+ * call sites into file:line from it after the process is gone (the second copy has what
+ * dlopen added). Nothing is written when the variable is unset. */
+static void save_maps(void)
+{
+    const char *prefix = getenv("WRINGER_SYNC_MAPS");
+    if (!prefix || !*prefix)
+        return;
+    int saved = errno;
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s.%d.maps", prefix, (int)getpid());
+    int in = -1, out = -1;
+    if (n > 0 && (size_t)n < sizeof path)
+        in = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (in >= 0)
+        out = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (out >= 0) {
+        char buf[8192];
+        ssize_t r;
+        while ((r = read(in, buf, sizeof buf)) > 0)
+            if (write(out, buf, (size_t)r) != r)
+                break;
+    }
+    if (out >= 0)
+        close(out);
+    if (in >= 0)
+        close(in);
+    errno = saved;
+}
+
 __attribute__((constructor)) static void attach(void)
 {
     mark(SYNC_ATTACH, (void *)(uintptr_t)getpid(), NULL);
+    save_maps();
+}
+
+__attribute__((destructor)) static void detach(void)
+{
+    save_maps();
 }
 
 #define SITE __builtin_return_address(0)

@@ -1,13 +1,13 @@
 //! The wait-for audit (`--check waits`, `--check unbounded-waits`) on deadlocks that did not
-//! happen: each program exits 0 in an ordinary run, and is flagged on every run with both
-//! recorders; each correct twin (the lock let go before the join or the wait, one lock order,
+//! happen: each program exits 0 in an ordinary run, and is flagged on every run (20 of 20) with
+//! both recorders, its call sites named by file and line; each correct twin (the lock let go before the join or the wait, one lock order,
 //! a gate lock, a predicate and a deadline) on none.
 
 mod common;
 
 use common::{audit_repeats, build_fixture, scratch};
 
-const RUNS: u32 = 5;
+const RUNS: u32 = 20;
 
 fn flagged_every_run_and_the_twin_never(name: &str, checks: &[&str], says: &str) {
     let dir = scratch("waits", name);
@@ -19,6 +19,11 @@ fn flagged_every_run_and_the_twin_never(name: &str, checks: &[&str], says: &str)
         assert!(
             text.contains(says),
             "{name} ({backend}): no {says:?} in {text}"
+        );
+        // Call sites by file and line (the fixtures have debug information).
+        assert!(
+            text.contains(&format!("{name}.c:")),
+            "{name} ({backend}): no call site in {name}.c named in {text}"
         );
         let (failed, text) = audit_repeats(&dir, &twin, backend, checks, 2);
         assert_eq!(failed, 0, "{name}'s correct twin ({backend}): {text}");

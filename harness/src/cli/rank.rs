@@ -38,6 +38,10 @@ pub struct Args {
     /// every program it starts report their pthread synchronisation into the syscall trace).
     #[arg(long)]
     pub sync_observer: bool,
+    /// Where the sync observer writes each process's module map (`PREFIX.<pid>.maps`), for
+    /// call sites as file:line.
+    #[arg(long, requires = "sync_observer")]
+    pub sync_maps: Option<String>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -52,7 +56,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         trace_words,
         verbs_trace,
         sync_observer,
+        sync_maps,
     } = a;
+    if let Some(prefix) = &sync_maps {
+        std::env::set_var(wringer::rank::sync_observer::MAPS_ENV, prefix);
+    }
     if sync_observer {
         wringer::rank::sync_observer::preload_self()?;
     }

@@ -185,7 +185,9 @@ impl RankGroup {
                         c.arg("--verbs-trace").arg(group.verbs_prefix(rank));
                     }
                     if tracing.is_some_and(Tracing::sync) {
-                        c.arg("--sync-observer");
+                        c.arg("--sync-observer")
+                            .arg("--sync-maps")
+                            .arg(group.sync_maps_prefix(rank));
                     }
                     c.env(TOKEN_ENV, token).stdin(Stdio::null());
                     c
@@ -323,6 +325,11 @@ impl RankGroup {
         self.placement.hosts().get(self.placement.host_of(rank))
     }
 
+    /// Whether rank `rank` runs on this machine.
+    pub fn runs_here(&self, rank: u32) -> bool {
+        self.target(rank).is_none()
+    }
+
     /// Send `signal` to one rank, wherever it runs.
     pub fn signal(&self, rank: u32, signal: Signal) -> Result<()> {
         let pid = self
@@ -425,6 +432,12 @@ impl RankGroup {
     /// Where rank `rank`'s trace is kept here.
     pub fn trace_path(&self, rank: u32) -> PathBuf {
         self.log_dir.join(format!("rank-{rank}.strace"))
+    }
+
+    /// Where a local rank's processes write their module maps (`PREFIX.<pid>.maps`), for the
+    /// call sites of the sync observer's markers.
+    pub fn sync_maps_prefix(&self, rank: u32) -> PathBuf {
+        self.log_dir.join(format!("rank-{rank}"))
     }
 
     /// Where rank `rank`'s processes write their verbs traces (`PREFIX.<pid>.verbs`), on the

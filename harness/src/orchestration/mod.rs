@@ -3,6 +3,7 @@
 //! (syscalls with happens-before between threads, verbs).
 
 pub mod audit;
+pub mod call_sites;
 pub mod coordinator;
 pub mod events;
 pub mod happens_before;

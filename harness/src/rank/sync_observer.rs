@@ -8,6 +8,9 @@ use anyhow::{bail, Result};
 /// Set once the observer is preloaded: the rank does not exec itself again.
 const ENV: &str = "WRINGER_SYNC_OBSERVED";
 
+/// Where the observer writes each process's module map (a prefix; see `wringer_sync.c`).
+pub const MAPS_ENV: &str = "WRINGER_SYNC_MAPS";
+
 #[cfg(sync_observer)]
 const OBSERVER: Option<&[u8]> = Some(include_bytes!(concat!(
     env!("OUT_DIR"),

@@ -23,7 +23,7 @@ use crate::model::failure::Failure;
 use crate::model::scenario::{AuditBackend, AuditCheck, Fault, FaultAction, Named, Perturb};
 use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::{RankGroup, StepLimits};
-use crate::orchestration::{audit, verbs_audit};
+use crate::orchestration::{audit, call_sites, verbs_audit};
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::{Step, StruckFault};
 
@@ -430,7 +430,16 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
                 ),
             ));
         }
-        let violations = audit::analyse_after(&text, &checks, hung);
+        let mut violations = audit::analyse_after(&text, &checks, hung);
+        if group.runs_here(rank) {
+            // Call sites by name, from the module maps the sync observer left.
+            let modules = call_sites::load(&group.sync_maps_prefix(rank));
+            for v in &mut violations {
+                if let Some(m) = modules.get(&v.pid) {
+                    v.detail = call_sites::annotate(&v.detail, m);
+                }
+            }
+        }
         report_violations(
             &mut found,
             rank,

@@ -1,0 +1,290 @@
+//! Call sites as a person reads them: the sync observer's markers carry return addresses,
+//! and each observed process leaves its module map (`PREFIX.<pid>.maps`, written by the
+//! observer when it attaches and when the program exits). An address becomes
+//! `function (file:line)` through binutils' `addr2line` where the module has debug
+//! information, else `function+0xOFF (module)` or `module+0xOFF`.
+//!
+//! Parsing the maps and placing an address in a module is pure; only `addr2line` runs.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// One executable mapping of a file.
+#[derive(Clone, Debug, PartialEq)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    path: String,
+    /// Where the file's first byte is mapped (its mapping at offset 0): addresses in a
+    /// position-independent module are relative to it.
+    base: u64,
+}
+
+/// A process's modules, from its maps (every snapshot of it together).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Modules {
+    maps: Vec<Mapping>,
+}
+
+impl Modules {
+    /// Read `/proc/PID/maps` text (several snapshots appended are fine).
+    pub fn parse(text: &str) -> Modules {
+        let mut base: BTreeMap<String, u64> = BTreeMap::new();
+        let mut exec: Vec<(u64, u64, String)> = vec![];
+        for line in text.lines() {
+            let mut f = line.split_whitespace();
+            let (Some(range), Some(perms), Some(offset)) = (f.next(), f.next(), f.next()) else {
+                continue;
+            };
+            let path = f.nth(2).unwrap_or("");
+            if !path.starts_with('/') {
+                continue;
+            }
+            let Some((a, b)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end), Ok(offset)) = (
+                u64::from_str_radix(a, 16),
+                u64::from_str_radix(b, 16),
+                u64::from_str_radix(offset, 16),
+            ) else {
+                continue;
+            };
+            if offset == 0 {
+                base.entry(path.to_string()).or_insert(start);
+            }
+            if perms.contains('x') {
+                exec.push((start, end, path.to_string()));
+            }
+        }
+        let maps = exec
+            .into_iter()
+            .filter_map(|(start, end, path)| {
+                let base = *base.get(&path)?;
+                Some(Mapping {
+                    start,
+                    end,
+                    path,
+                    base,
+                })
+            })
+            .collect();
+        Modules { maps }
+    }
+
+    /// The module an address is in, and the address as that module's own (what addr2line
+    /// reads): relative to its load base for a shared object or PIE, as is for a fixed one.
+    pub fn place(&self, addr: u64) -> Option<(&str, u64)> {
+        let m = self
+            .maps
+            .iter()
+            .find(|m| (m.start..m.end).contains(&addr))?;
+        let fixed = elf_type(Path::new(&m.path)) == Some(2);
+        let own = if fixed { addr } else { addr - m.base };
+        Some((&m.path, own))
+    }
+}
+
+/// `e_type` of an ELF file (2: a fixed-address executable, 3: shared object or PIE).
+fn elf_type(path: &Path) -> Option<u16> {
+    use std::io::Read;
+    let mut head = [0u8; 18];
+    crate::model::input::open_regular(path)
+        .ok()?
+        .0
+        .read_exact(&mut head)
+        .ok()?;
+    (&head[..4] == b"\x7fELF").then(|| u16::from_le_bytes([head[16], head[17]]))
+}
+
+/// Every module map a rank's processes left, by process: `PREFIX.<pid>.maps`.
+pub fn load(prefix: &Path) -> BTreeMap<u32, Modules> {
+    let (Some(dir), Some(stem)) = (prefix.parent(), prefix.file_name()) else {
+        return BTreeMap::new();
+    };
+    let stem = format!("{}.", stem.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeMap::new();
+    };
+    let mut out = BTreeMap::new();
+    for path in entries.flatten().map(|e| e.path()) {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let Some(pid) = name
+            .strip_prefix(&stem)
+            .and_then(|r| r.strip_suffix(".maps"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok((f, _)) = crate::model::input::open_regular(&path) {
+            use std::io::Read;
+            let mut text = String::new();
+            let _ = f.take(16 << 20).read_to_string(&mut text);
+            out.insert(pid, Modules::parse(&text));
+        }
+        // Read once: the report keeps the trace, not a map per process.
+        let _ = std::fs::remove_file(&path);
+    }
+    out
+}
+
+/// Names for every code address in `text` (`0x…` words) that lies in one of `pid`'s modules:
+/// `0x55d0c0de1234 (worker at fixture.c:42)`. Data addresses (a lock's) are left as they are.
+pub fn annotate(text: &str, modules: &Modules) -> String {
+    let addrs: Vec<u64> = hex_words(text)
+        .filter(|a| modules.place(*a).is_some())
+        .collect();
+    if addrs.is_empty() {
+        return text.to_string();
+    }
+    let names = symbolise(modules, &addrs);
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("0x") {
+        let end = rest[at + 2..]
+            .find(|c: char| !c.is_ascii_hexdigit())
+            .map_or(rest.len(), |e| at + 2 + e);
+        out.push_str(&rest[..end]);
+        let word = &rest[at..end];
+        if let Some(name) = u64::from_str_radix(&word[2..], 16)
+            .ok()
+            .and_then(|a| names.get(&a))
+        {
+            out.push_str(&format!(" ({name})"));
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn hex_words(text: &str) -> impl Iterator<Item = u64> + '_ {
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .filter_map(|w| w.strip_prefix("0x"))
+        .filter_map(|h| u64::from_str_radix(h, 16).ok())
+}
+
+/// Each address's name, asking addr2line once per module.
+fn symbolise(modules: &Modules, addrs: &[u64]) -> BTreeMap<u64, String> {
+    let mut by_module: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
+    for &a in addrs {
+        if let Some((path, own)) = modules.place(a) {
+            by_module
+                .entry(path.to_string())
+                .or_default()
+                .push((a, own));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (path, list) in by_module {
+        // A return address is just past its call: ask for the call's own line.
+        let lines = addr2line(
+            Path::new(&path),
+            &list
+                .iter()
+                .map(|(_, o)| o.saturating_sub(1))
+                .collect::<Vec<_>>(),
+        );
+        let module = Path::new(&path)
+            .file_name()
+            .map_or(path.clone(), |f| f.to_string_lossy().to_string());
+        for (k, (a, own)) in list.into_iter().enumerate() {
+            let name = match lines.get(k) {
+                Some((func, Some(file))) => format!("{func} at {file}"),
+                Some((func, None)) if func != "??" => format!("{func} in {module}"),
+                _ => format!("{module}+{own:#x}"),
+            };
+            out.insert(a, name);
+        }
+    }
+    out
+}
+
+/// `(function, Some(file:line))` per address from `addr2line -f -C`, or nothing when it is
+/// not installed or fails (the address is then named by module and offset).
+fn addr2line(module: &Path, own: &[u64]) -> Vec<(String, Option<String>)> {
+    let mut cmd = Command::new("addr2line");
+    cmd.args(["-f", "-C", "-e"]).arg(module);
+    cmd.args(own.iter().map(|o| format!("{o:#x}")));
+    let Ok(out) = crate::hosts::child::output_within(&mut cmd, None, Duration::from_secs(20))
+    else {
+        return vec![];
+    };
+    if !out.status.success() {
+        return vec![];
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .map(|pair| {
+            let func = pair.first().copied().unwrap_or("??").to_string();
+            let file = pair
+                .get(1)
+                .map(|l| l.split(" (discriminator").next().unwrap_or(l).trim())
+                .filter(|l| !l.starts_with("??") && !l.ends_with(":?"))
+                .map(|l| shorten(l).to_string());
+            (func, file)
+        })
+        .collect()
+}
+
+/// A source path as a person reads it: the file name and line (the full path is noise).
+fn shorten(path_line: &str) -> &str {
+    path_line.rsplit('/').next().unwrap_or(path_line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c0de0000-55d0c0de1000 r--p 00000000 08:01 123 /usr/bin/prog
+55d0c0de1000-55d0c0de2000 r-xp 00001000 08:01 123 /usr/bin/prog
+7f0000000000-7f0000001000 r--p 00000000 08:01 456 /usr/lib/libc.so.6
+7f0000001000-7f0000100000 r-xp 00001000 08:01 456 /usr/lib/libc.so.6
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]
+";
+
+    #[test]
+    fn an_address_is_placed_in_its_module_relative_to_its_load_base() {
+        let m = Modules::parse(MAPS);
+        // The files are not on this machine: treated as position independent.
+        assert_eq!(m.place(0x55d0c0de1234), Some(("/usr/bin/prog", 0x1234)));
+        assert_eq!(
+            m.place(0x7f0000001010),
+            Some(("/usr/lib/libc.so.6", 0x1010))
+        );
+        assert_eq!(m.place(0x55d0c0de0010), None, "not executable");
+        assert_eq!(m.place(0x7ffd00000010), None, "the stack is no module");
+    }
+
+    #[test]
+    fn data_addresses_are_left_alone_and_unknown_modules_get_an_offset() {
+        let m = Modules::parse(MAPS);
+        let text = "lock 0x7ffd00000010 (first taken at 0x55d0c0de1234)";
+        let named = annotate(text, &m);
+        assert!(named.starts_with("lock 0x7ffd00000010 (first"), "{named}");
+        assert!(named.contains("0x55d0c0de1234 (prog+0x1234)"), "{named}");
+    }
+
+    #[test]
+    fn a_real_binary_s_site_has_its_file_and_line() {
+        // This test binary itself: the address of a function in it, through its own maps.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let m = Modules::parse(&maps);
+        let f = a_real_binary_s_site_has_its_file_and_line as *const () as u64;
+        // As a return address would be: one past (the name is asked for the byte before).
+        let named = annotate(&format!("at {:#x}", f + 1), &m);
+        assert!(
+            named.contains("a_real_binary_s_site_has_its_file_and_line at call_sites.rs:"),
+            "{named}"
+        );
+    }
+}
