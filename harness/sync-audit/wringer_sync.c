@@ -255,12 +255,16 @@ static void save_maps(void)
     if (in >= 0)
         out = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (out >= 0) {
+        static const char head[] = "wringer-sync maps\n"; /* a snapshot starts: its first file is the program */
+        if (write(out, head, sizeof head - 1) < 0)
+            goto done;
         char buf[8192];
         ssize_t r;
         while ((r = read(in, buf, sizeof buf)) > 0)
             if (write(out, buf, (size_t)r) != r)
                 break;
     }
+done:
     if (out >= 0)
         close(out);
     if (in >= 0)

@@ -278,6 +278,7 @@ pub fn startup_once(
         log_dir,
         interrupted: &never,
         placement,
+        suppressions: &[],
     };
     let attempt = coordinator::run(&plan);
     if let Some(e) = attempt.setup_error {

@@ -42,6 +42,10 @@ pub struct Args {
     /// also WRINGER_AUDIT_BACKEND). Perturbations always use strace.
     #[arg(long, value_enum)]
     pub audit_backend: Option<AuditBackend>,
+    /// A suppressions file (repeatable): findings it names are counted, not failed
+    /// (docs/audit.md).
+    #[arg(long = "suppressions")]
+    pub suppressions: Vec<PathBuf>,
     #[command(flatten)]
     pub replay: super::replay::ReplayArgs,
     /// The command and its arguments, after `--`.
@@ -175,6 +179,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.exit != 0 {
         head.extend(["--exit".into(), a.exit.to_string()]);
     }
+    let suppressions = super::run::load_suppressions(&a.suppressions, &mut head)?;
     let mut tail = vec!["--".to_string()];
     tail.extend(a.command.iter().cloned());
     let opts = runner::RunOptions {
@@ -191,6 +196,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             tail: Some(tail),
         },
         audit_backend: a.audit_backend.or_else(runner::audit_backend_from_env),
+        suppressions,
         ..runner::RunOptions::default()
     };
     if a.replay.shrink {

@@ -42,23 +42,40 @@ pub struct Args {
     /// use it, else strace; also WRINGER_AUDIT_BACKEND). Perturbations always use strace.
     #[arg(long, value_enum)]
     pub audit_backend: Option<AuditBackend>,
+    /// A suppressions file for the audit (repeatable): findings it names are counted, not
+    /// failed (docs/audit.md).
+    #[arg(long = "suppressions")]
+    pub suppressions: Vec<PathBuf>,
     #[command(flatten)]
     pub replay: super::replay::ReplayArgs,
+}
+
+/// Read every suppressions file (a bad one is an input error, exit 2), and name each in the
+/// replay line's `head`: a replay judged without them would fail on what they silence.
+pub fn load_suppressions(
+    files: &[PathBuf],
+    head: &mut Vec<String>,
+) -> anyhow::Result<Vec<wringer::model::suppression::Suppression>> {
+    let mut all = vec![];
+    for f in files {
+        all.extend(wringer::model::suppression::load(f)?);
+        head.extend(["--suppressions".into(), runner::path_arg(f)]);
+    }
+    Ok(all)
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let profile = hosts::load(&a.hosts)?;
     let scenarios = super::scenarios::load_all(&a.paths)?;
     super::replay::check_overrides(&scenarios, &a.replay)?;
-    let rerun = runner::Rerun {
-        head: vec![
-            "wringer".into(),
-            "run".into(),
-            "--hosts".into(),
-            a.hosts.display().to_string(),
-        ],
-        tail: None,
-    };
+    let mut head = vec![
+        "wringer".into(),
+        "run".into(),
+        "--hosts".into(),
+        a.hosts.display().to_string(),
+    ];
+    let suppressions = load_suppressions(&a.suppressions, &mut head)?;
+    let rerun = runner::Rerun { head, tail: None };
     let opts = runner::RunOptions {
         report_dir: a.report_dir,
         filter: a.filter,
@@ -77,6 +94,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         replays: a.replay.replays,
         rerun,
         audit_backend: a.audit_backend.or_else(runner::audit_backend_from_env),
+        suppressions,
     };
     if a.replay.shrink {
         return super::replay::shrink(scenarios, &profile, opts, &a.replay);

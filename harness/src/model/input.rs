@@ -42,6 +42,8 @@ pub enum FileKind {
     Scenario,
     Profile,
     KnownFailures,
+    /// An audit's suppressions file.
+    Suppressions,
     /// A run's `results.json` (or `bench.json`), read back by `wringer report`.
     Results,
     /// `history.jsonl`, one line per run.
@@ -52,7 +54,10 @@ impl FileKind {
     pub fn cap(self) -> u64 {
         const MIB: u64 = 1 << 20;
         match self {
-            FileKind::Scenario | FileKind::Profile | FileKind::KnownFailures => MIB,
+            FileKind::Scenario
+            | FileKind::Profile
+            | FileKind::KnownFailures
+            | FileKind::Suppressions => MIB,
             FileKind::Results | FileKind::History => 256 * MIB,
         }
     }
@@ -62,6 +67,7 @@ impl FileKind {
             FileKind::Scenario => "scenario",
             FileKind::Profile => "host profile",
             FileKind::KnownFailures => "known-failures",
+            FileKind::Suppressions => "suppressions",
             FileKind::Results => "results",
             FileKind::History => "history",
         }

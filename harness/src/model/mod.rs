@@ -13,5 +13,6 @@ pub mod reach;
 pub mod requirement;
 pub mod result;
 pub mod scenario;
+pub mod suppression;
 pub mod sync_marker;
 pub mod syscalls;

@@ -201,6 +201,8 @@ fn inject_expr(p: &Perturb) -> String {
 pub struct Violation {
     pub check: &'static str,
     pub pid: u32,
+    /// The program the process ran, where the trace names it (its `execve`).
+    pub program: Option<String>,
     pub fd: Option<i32>,
     pub detail: String,
     /// Trace line numbers (1-based) and text around the violation.
@@ -592,6 +594,8 @@ struct Process {
     exiting: bool,
     /// Where its main thread's end was seen.
     ended: Option<usize>,
+    /// The program it runs, from its last `execve` (when the recorder printed the path).
+    exe: Option<String>,
 }
 
 /// A call in progress on a thread.
@@ -677,9 +681,11 @@ impl Audit<'_> {
         also: &[usize],
     ) {
         let context = self.context(at, also);
+        let program = self.procs.get(&pid).and_then(|p| p.exe.clone());
         self.out.push(Violation {
             check,
             pid,
+            program,
             fd,
             detail,
             context,
@@ -1304,6 +1310,9 @@ impl Audit<'_> {
         }
         if name == "execve" && returned == Some(0) {
             self.new_image(pid, i);
+            let path = args.strip_prefix('"').and_then(|a| a.split('"').next());
+            self.procs.entry(pid).or_default().exe =
+                path.filter(|p| !p.is_empty()).map(str::to_string);
         }
         if name == "fcntl" && args.contains("F_SETFD") && returned == Some(0) {
             let mut a = args.split(',').map(str::trim);

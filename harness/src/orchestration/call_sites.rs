@@ -26,6 +26,8 @@ struct Mapping {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Modules {
     maps: Vec<Mapping>,
+    /// The program: the first file of the last snapshot (`wringer-sync maps` starts one).
+    pub program: Option<String>,
 }
 
 impl Modules {
@@ -33,7 +35,13 @@ impl Modules {
     pub fn parse(text: &str) -> Modules {
         let mut base: BTreeMap<String, u64> = BTreeMap::new();
         let mut exec: Vec<(u64, u64, String)> = vec![];
+        let mut program = None;
+        let mut first = true;
         for line in text.lines() {
+            if line.starts_with("wringer-sync maps") {
+                first = true;
+                continue;
+            }
             let mut f = line.split_whitespace();
             let (Some(range), Some(perms), Some(offset)) = (f.next(), f.next(), f.next()) else {
                 continue;
@@ -52,6 +60,10 @@ impl Modules {
             ) else {
                 continue;
             };
+            if first {
+                program = Some(path.to_string());
+                first = false;
+            }
             if offset == 0 {
                 base.entry(path.to_string()).or_insert(start);
             }
@@ -71,7 +83,7 @@ impl Modules {
                 })
             })
             .collect();
-        Modules { maps }
+        Modules { maps, program }
     }
 
     /// The module an address is in, and the address as that module's own (what addr2line
@@ -254,7 +266,8 @@ mod tests {
 
     #[test]
     fn an_address_is_placed_in_its_module_relative_to_its_load_base() {
-        let m = Modules::parse(MAPS);
+        let m = Modules::parse(&format!("wringer-sync maps\n{MAPS}"));
+        assert_eq!(m.program.as_deref(), Some("/usr/bin/prog"));
         // The files are not on this machine: treated as position independent.
         assert_eq!(m.place(0x55d0c0de1234), Some(("/usr/bin/prog", 0x1234)));
         assert_eq!(

@@ -51,6 +51,8 @@ pub struct RunOptions {
     pub rerun: Rerun,
     /// The audit's syscall recorder; `None` picks eBPF where every host can use it.
     pub audit_backend: Option<AuditBackend>,
+    /// Audit findings silenced by the user's suppression files (counted in the notes).
+    pub suppressions: Vec<crate::model::suppression::Suppression>,
 }
 
 /// The command a replay line starts with (`wringer run --hosts P`), and what ends it: the
@@ -602,6 +604,7 @@ fn run_scenario(
             log_dir: &log_dir,
             interrupted: cx.interrupted,
             placement,
+            suppressions: &cx.opts.suppressions,
         };
         (coordinator::run(&plan), log_dir)
     };
@@ -642,6 +645,12 @@ fn run_scenario(
                     .extend(r.notes.iter().map(|n| format!("repeat {repeat}: {n}")));
             }
         }
+        result.evidence.notes.extend(
+            attempt
+                .audit_suppressed
+                .iter()
+                .map(|(by, n)| format!("repeat {repeat}: audit: {n} finding(s) suppressed: {by}")),
+        );
         result.evidence.faults.extend(
             attempt
                 .faults_struck

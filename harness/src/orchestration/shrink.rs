@@ -185,6 +185,7 @@ pub fn shrink(
             replays: 0,
             rerun: opts.rerun.clone(),
             audit_backend: opts.audit_backend,
+            suppressions: opts.suppressions.clone(),
         };
         let mut seen = Tally::default();
         runner::run(vec![variant], profile, &o, &mut [&mut seen])?;

@@ -21,11 +21,13 @@ use self::core::{Action, Config, Core, Input, Outcome};
 use crate::hosts::placement::Placement;
 use crate::model::failure::Failure;
 use crate::model::scenario::{AuditBackend, AuditCheck, Fault, FaultAction, Named, Perturb};
+use crate::model::suppression::Suppression;
 use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::{RankGroup, StepLimits};
 use crate::orchestration::{audit, call_sites, verbs_audit};
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::{Step, StruckFault};
+use std::collections::BTreeMap;
 
 /// How long ranks get to start and join the rendezvous.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,6 +62,8 @@ pub struct Attempt {
     pub rendezvous: Option<Duration>,
     /// Lifecycle audit violations, each with its trace lines.
     pub audit: Vec<Failure>,
+    /// Findings a suppression silenced: how many, by each entry's label.
+    pub audit_suppressed: BTreeMap<String, u32>,
     /// Expectations judged on every rank's evidence together (see `StepKind::reconcile`).
     pub reconciled_failures: Vec<Failure>,
     /// The scenario's faults as they struck, on the wall clock, for `reconcile`.
@@ -129,6 +133,8 @@ pub struct Plan<'a> {
     pub log_dir: &'a Path,
     pub interrupted: &'a AtomicBool,
     pub placement: &'a Placement,
+    /// Audit findings the user has read and silenced (counted, not failed).
+    pub suppressions: &'a [Suppression],
 }
 
 pub fn run(plan: &Plan) -> Attempt {
@@ -230,7 +236,12 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         }
     }
     if tracing.as_ref().is_some_and(Tracing::syscalls) {
-        attempt.audit = audit_traces(plan, &group, outcome.hang.is_some());
+        attempt.audit = audit_traces(
+            plan,
+            &group,
+            outcome.hang.is_some(),
+            &mut attempt.audit_suppressed,
+        );
     }
     if tracing.as_ref().is_some_and(Tracing::verbs) {
         attempt.audit.extend(audit_verbs_traces(plan, &group));
@@ -397,7 +408,12 @@ fn drive(
 
 /// The audit's violations in every rank's trace (fetched from remote hosts first). A missing
 /// or empty trace is itself a failure: an audit that saw nothing proves nothing.
-fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
+fn audit_traces(
+    plan: &Plan,
+    group: &RankGroup,
+    hung: bool,
+    suppressed: &mut BTreeMap<String, u32>,
+) -> Vec<Failure> {
     let checks: Vec<AuditCheck> = plan.audit.to_vec();
     let mut found = vec![];
     for rank in 0..plan.ranks {
@@ -437,9 +453,22 @@ fn audit_traces(plan: &Plan, group: &RankGroup, hung: bool) -> Vec<Failure> {
             for v in &mut violations {
                 if let Some(m) = modules.get(&v.pid) {
                     v.detail = call_sites::annotate(&v.detail, m);
+                    if v.program.is_none() {
+                        v.program = m.program.clone();
+                    }
                 }
             }
         }
+        violations.retain(|v| {
+            let by = plan
+                .suppressions
+                .iter()
+                .find(|s| s.matches(v.check, v.program.as_deref(), &v.detail));
+            if let Some(s) = by {
+                *suppressed.entry(s.label()).or_default() += 1;
+            }
+            by.is_none()
+        });
         report_violations(
             &mut found,
             rank,
