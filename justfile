@@ -5,7 +5,7 @@ default:
     @just --list
 
 # Unit and integration tests (nextest, CI profile), the transport's doctests, clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
-test: build-deps (apt "chromium" "strace" "xz-utils" "zstd" "make" "git") cuda-tools hip-tools external
+test: build-deps (apt "chromium" "strace" "xz-utils" "zstd" "make" "git" "liburing-dev" "binutils") cuda-tools hip-tools external
     WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 WRINGER_REQUIRE_HIP=1 cargo nextest run --workspace --all-features --profile ci
     # nextest runs no doctests: the transport's compile_fail examples (a lent receive slot cannot be reused while it is out) run here.
     cargo test --doc -p wringer-transport --all-features

@@ -41,7 +41,7 @@ static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (
 #define CAPTURE 128
 #define SYSCALLS 512
 
-enum kind { ENTER = 0, EXIT = 1, THREAD_EXIT = 2 };
+enum kind { ENTER = 0, EXIT = 1, THREAD_EXIT = 2, URING_OP = 3, URING_DONE = 4 };
 enum when { NEVER = 0, AT_ENTER = 1, AT_EXIT = 2 };
 
 // What one syscall's event carries besides its arguments: up to two reads of user memory,
@@ -136,6 +136,29 @@ struct {
 
 // Where sched_process_fork keeps the child's pid on this kernel (from its tracefs format file).
 volatile const __u32 fork_child_pid = 44;
+
+// io_uring requests a traced process submitted, until they complete: req -> who and what. An
+// operation in flight on a descriptor is a use of it that no syscall shows (the submitting
+// call returned long ago), so a close then is a close while in use.
+struct uring_req {
+    __u64 pid_tgid;
+    __u64 opcode;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u64);
+    __type(value, struct uring_req);
+} uring SEC(".maps");
+
+// Where the io_uring tracepoints keep their fields on this kernel (from tracefs).
+volatile const __u32 uring_submit_req = 16;
+volatile const __u32 uring_submit_opcode = 32;
+volatile const __u32 uring_file_req = 16;
+volatile const __u32 uring_file_fd = 32;
+volatile const __u32 uring_done_req = 16;
+volatile const __u32 uring_done_res = 32;
 
 static void count_lost(__u32 which) {
     __u64 *n = bpf_map_lookup_elem(&lost, &which);
@@ -361,6 +384,60 @@ int on_task_exit(void *ctx) {
     struct event *e = reserve(pid_tgid, THREAD_EXIT, -1);
     if (e)
         submit(e);
+    return 0;
+}
+
+SEC("tracepoint/io_uring/io_uring_submit_req")
+int on_uring_submit(void *ctx) {
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+    if (!recorded(pid_tgid >> 32))
+        return 0;
+    __u64 req = 0;
+    __u8 opcode = 0;
+    bpf_probe_read_kernel(&req, 8, (char *)ctx + uring_submit_req);
+    bpf_probe_read_kernel(&opcode, 1, (char *)ctx + uring_submit_opcode);
+    struct uring_req r = {pid_tgid, opcode};
+    bpf_map_update_elem(&uring, &req, &r, BPF_ANY);
+    return 0;
+}
+
+// The request takes its descriptor (not for registered files): it is in flight on it from now.
+SEC("tracepoint/io_uring/io_uring_file_get")
+int on_uring_file(void *ctx) {
+    __u64 req = 0;
+    __s32 fd = -1;
+    bpf_probe_read_kernel(&req, 8, (char *)ctx + uring_file_req);
+    struct uring_req *r = bpf_map_lookup_elem(&uring, &req);
+    if (!r)
+        return 0;
+    bpf_probe_read_kernel(&fd, 4, (char *)ctx + uring_file_fd);
+    struct event *e = reserve(r->pid_tgid, URING_OP, -1);
+    if (!e)
+        return 0;
+    e->args[0] = req;
+    e->args[1] = (__u64)(__s64)fd;
+    e->args[2] = r->opcode;
+    submit(e);
+    return 0;
+}
+
+// Its completion, in whatever context it runs (a worker, task work): told as its submitter's.
+SEC("tracepoint/io_uring/io_uring_complete")
+int on_uring_done(void *ctx) {
+    __u64 req = 0;
+    __s32 res = 0;
+    bpf_probe_read_kernel(&req, 8, (char *)ctx + uring_done_req);
+    struct uring_req *r = bpf_map_lookup_elem(&uring, &req);
+    if (!r)
+        return 0;
+    bpf_probe_read_kernel(&res, 4, (char *)ctx + uring_done_res);
+    struct event *e = reserve(r->pid_tgid, URING_DONE, -1);
+    if (e) {
+        e->args[0] = req;
+        e->ret = res;
+        submit(e);
+    }
+    bpf_map_delete_elem(&uring, &req);
     return 0;
 }
 

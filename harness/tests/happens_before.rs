@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{audit_repeats, build_fixture, scratch};
+use common::{audit_repeats, build_fixture, build_fixture_linked, scratch};
 
 const RUNS: u32 = 20;
 
@@ -74,6 +74,22 @@ fn a_socket_inherited_without_close_on_exec() {
 #[test]
 fn a_descriptor_left_open_at_exit() {
     flagged_with("exit_leak", "still open when it exited", &["leaks"]);
+}
+
+/// An io_uring receive in flight on a socket at its close (eBPF reads io_uring's tracepoints;
+/// strace sees only `io_uring_enter`, so this class is eBPF's alone); the twin cancels it and
+/// reaps both completions first.
+#[test]
+fn an_io_uring_receive_in_flight_at_the_close() {
+    let dir = scratch("hb", "uring");
+    let broken = build_fixture_linked(&dir, "io_uring", "recv_in_flight", false, &["-luring"]);
+    let twin = build_fixture_linked(&dir, "io_uring", "recv_in_flight", true, &["-luring"]);
+    let (failed, text) = audit_repeats(&dir, &broken, "ebpf", &[], RUNS);
+    assert_eq!(failed, u64::from(RUNS), "{text}");
+    assert!(text.contains("io_uring RECV"), "{text}");
+    let (failed, text) = audit_repeats(&dir, &twin, "ebpf", &[], 5);
+    assert_eq!(failed, 0, "the twin: {text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Probes of numbers a program never held, a close-on-exec sweep and an exec chain are not

@@ -473,6 +473,17 @@ fn creates_fds(name: &str, args: &str, ret: &str) -> Vec<i32> {
     }
 }
 
+/// The request of an io_uring line the eBPF recorder wrote: `io_uring_op(FD, OP, 0xREQ)` or
+/// `io_uring_done(0xREQ)`.
+fn uring_request(name: &str, args: &str) -> Option<u64> {
+    if !matches!(name, "io_uring_op" | "io_uring_done") {
+        return None;
+    }
+    let args = args.rsplit_once(") = ").map_or(args, |(a, _)| a);
+    let last = args.rsplit(',').next()?;
+    u64::from_str_radix(last.trim().strip_prefix("0x")?, 16).ok()
+}
+
 /// Whether a descriptor maker made its descriptor close-on-exec (`SOCK_CLOEXEC`, `O_CLOEXEC`,
 /// `EFD_CLOEXEC`, `F_DUPFD_CLOEXEC` and kin; pidfds and io_uring instances always are).
 fn born_cloexec(name: &str, args: &str) -> bool {
@@ -655,6 +666,17 @@ struct Audit<'a> {
     inherited: Vec<Inherited>,
     /// Where each process closed its own copy of a socket or pipe, by its id.
     own_closes: BTreeMap<(u32, u64), usize>,
+    /// io_uring operations in flight, by process and request: who submitted it, on which
+    /// descriptor, what, and where.
+    uring: BTreeMap<(u32, u64), InFlight>,
+}
+
+/// An io_uring operation that took its descriptor and has not completed.
+struct InFlight {
+    tid: u32,
+    fd: i32,
+    op: String,
+    line: usize,
 }
 
 impl Audit<'_> {
@@ -810,6 +832,30 @@ impl Audit<'_> {
 
     /// A call that completed on one line.
     fn call(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
+        if let Some(req) = uring_request(name, args) {
+            // `io_uring_op(7, IORING_OP_RECV, 0x…)`: in flight on fd 7 until its completion.
+            if name == "io_uring_done" {
+                self.uring.remove(&(pid, req));
+                return;
+            }
+            let mut a = args.split(',').map(str::trim);
+            if let (Some(Ok(fd)), Some(op)) = (a.next().map(str::parse::<i32>), a.next()) {
+                if fd >= 0 {
+                    self.use_fd(pid, tid, name, fd, i);
+                    let op = op.trim_start_matches("IORING_OP_").to_string();
+                    self.uring.insert(
+                        (pid, req),
+                        InFlight {
+                            tid,
+                            fd,
+                            op,
+                            line: i,
+                        },
+                    );
+                }
+            }
+            return;
+        }
         if releases(name) {
             self.release(pid, tid, name, args, ret, i);
             return;
@@ -996,6 +1042,29 @@ impl Audit<'_> {
             } else {
                 format!("released (by {how})")
             };
+            let in_flight: Vec<(u32, String, usize)> = self
+                .uring
+                .range((pid, 0)..=(pid, u64::MAX))
+                .filter(|(_, op)| op.fd == fd)
+                .map(|(_, op)| (op.tid, op.op.clone(), op.line))
+                .collect();
+            for (by, op, at) in in_flight {
+                self.flag(
+                    "close while in use",
+                    pid,
+                    Some(fd),
+                    format!(
+                        "thread {tid} {verb} fd {fd} while an io_uring {op} submitted by thread \
+                         {by} (line {}) was still in flight on it: the operation keeps the \
+                         descriptor's file (and its peer) alive past the close and completes \
+                         later; cancel it (IORING_OP_ASYNC_CANCEL) and wait for its completion \
+                         before the close",
+                        at + 1
+                    ),
+                    i,
+                    &[at],
+                );
+            }
             for (other, name, through_set, at) in in_use {
                 let on = if through_set {
                     "waiting for it in its epoll set"
@@ -1929,6 +1998,23 @@ mod tests {
                     100 1.004 close(3) = 0\n\
                     200 1.005 +++ exited with 0 +++\n";
         assert!(checks_of(gone, LIFECYCLE).is_empty());
+    }
+
+    /// An io_uring operation in flight on a descriptor is a use of it: its close before the
+    /// completion is a close while in use; after the completion it is not.
+    #[test]
+    fn a_close_under_an_io_uring_operation_in_flight_is_a_close_while_in_use() {
+        let head = "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 5\n\
+                    100 1.001 io_uring_op(5, IORING_OP_RECV, 0xffff8881) = 0\n";
+        let done = "100 1.002 io_uring_done(0xffff8881) = -125\n";
+        let close = "100 1.003 close(5) = 0\n";
+        let early = format!("{head}{close}{done}");
+        let found = analyse(&early, LIFECYCLE);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0]
+            .detail
+            .contains("io_uring RECV submitted by thread 100 (line 2)"));
+        assert!(checks_of(&format!("{head}{done}{close}"), LIFECYCLE).is_empty());
     }
 
     /// `leaks` for a program without steps: what its image made and left open at its exit,

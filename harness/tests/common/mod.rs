@@ -71,6 +71,17 @@ pub fn scratch(tag: &str, name: &str) -> PathBuf {
 /// Build the C fixture `harness/tests/fixtures/FOLDER/NAME.c` into `dir`, broken or as its
 /// correct twin (`-DCORRECT`).
 pub fn build_fixture(dir: &Path, folder: &str, name: &str, correct: bool) -> PathBuf {
+    build_fixture_linked(dir, folder, name, correct, &[])
+}
+
+/// As [`build_fixture`], linked with `libs` (`-luring`).
+pub fn build_fixture_linked(
+    dir: &Path,
+    folder: &str,
+    name: &str,
+    correct: bool,
+    libs: &[&str],
+) -> PathBuf {
     let exe = dir.join(if correct {
         format!("{name}_correct")
     } else {
@@ -84,6 +95,7 @@ pub fn build_fixture(dir: &Path, folder: &str, name: &str, correct: bool) -> Pat
     if correct {
         cc.arg("-DCORRECT");
     }
+    cc.args(libs);
     assert!(
         cc.status().unwrap().success(),
         "compiling {}",

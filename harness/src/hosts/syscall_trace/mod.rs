@@ -130,6 +130,13 @@ mod kernel {
             let child = fork_child_offset()?;
             let mut loader = EbpfLoader::new();
             loader.override_global("fork_child_pid", &child, true);
+            // io_uring's operations, where this kernel has its tracepoints.
+            let uring = uring_offsets();
+            if let Some(o) = &uring {
+                for (name, value) in o {
+                    loader.override_global(name, value, true);
+                }
+            }
             // Tests shrink the ring to make it overflow (a power of two of pages).
             if let Some(bytes) = std::env::var("WRINGER_EBPF_RING_BYTES")
                 .ok()
@@ -148,12 +155,20 @@ mod kernel {
                 }
             }
             let mut links = vec![];
-            for (prog, category, name) in [
+            let mut programs = vec![
                 ("on_enter", "raw_syscalls", "sys_enter"),
                 ("on_exit", "raw_syscalls", "sys_exit"),
                 ("on_fork", "sched", "sched_process_fork"),
                 ("on_task_exit", "sched", "sched_process_exit"),
-            ] {
+            ];
+            if uring.is_some() {
+                programs.extend([
+                    ("on_uring_submit", "io_uring", "io_uring_submit_req"),
+                    ("on_uring_file", "io_uring", "io_uring_file_get"),
+                    ("on_uring_done", "io_uring", "io_uring_complete"),
+                ]);
+            }
+            for (prog, category, name) in programs {
                 let p: &mut TracePoint = bpf
                     .program_mut(prog)
                     .with_context(|| format!("no program {prog}"))?
@@ -202,16 +217,43 @@ mod kernel {
     fn fork_child_offset() -> Result<u32> {
         let path = format!("{TRACEFS}/events/sched/sched_process_fork/format");
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let offset = |field: &str| -> Option<u32> {
-            let line = text.lines().find(|l| l.contains(&format!(" {field};")))?;
-            line.split("offset:")
-                .nth(1)?
-                .split(';')
-                .next()?
-                .parse()
-                .ok()
-        };
-        offset("child_pid").with_context(|| format!("{path} gives no child_pid offset"))
+        field_offset(&text, "child_pid")
+            .with_context(|| format!("{path} gives no child_pid offset"))
+    }
+
+    /// Where io_uring's tracepoints keep the fields the program reads, on this kernel; `None`
+    /// where it has no io_uring tracepoints (or their layout lacks a field), and then io_uring
+    /// operations are not recorded.
+    fn uring_offsets() -> Option<Vec<(&'static str, u32)>> {
+        let mut out = vec![];
+        for (global, event, field) in [
+            ("uring_submit_req", "io_uring_submit_req", "req"),
+            ("uring_submit_opcode", "io_uring_submit_req", "opcode"),
+            ("uring_file_req", "io_uring_file_get", "req"),
+            ("uring_file_fd", "io_uring_file_get", "fd"),
+            ("uring_done_req", "io_uring_complete", "req"),
+            ("uring_done_res", "io_uring_complete", "res"),
+        ] {
+            let path = format!("{TRACEFS}/events/io_uring/{event}/format");
+            let text = std::fs::read_to_string(&path).ok()?;
+            out.push((global, field_offset(&text, field)?));
+        }
+        Some(out)
+    }
+
+    /// A field's offset in a tracefs format file (`field:int fd; offset:32;…`).
+    fn field_offset(format: &str, field: &str) -> Option<u32> {
+        let line = format.lines().find(|l| {
+            l.split(';')
+                .next()
+                .is_some_and(|decl| decl.rsplit([' ', '*']).next() == Some(field))
+        })?;
+        line.split("offset:")
+            .nth(1)?
+            .split(';')
+            .next()?
+            .parse()
+            .ok()
     }
 
     /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.

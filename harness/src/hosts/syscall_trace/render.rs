@@ -15,6 +15,10 @@ pub enum Kind {
     Enter,
     Exit,
     ThreadExit,
+    /// An io_uring operation took its descriptor (args: request, fd, opcode).
+    UringOp,
+    /// An io_uring operation completed (args: request; ret: its result).
+    UringDone,
 }
 
 /// One event from the kernel side.
@@ -43,6 +47,8 @@ impl Event {
             0 => Kind::Enter,
             1 => Kind::Exit,
             2 => Kind::ThreadExit,
+            3 => Kind::UringOp,
+            4 => Kind::UringDone,
             _ => return None,
         };
         let cap = |i: usize| {
@@ -100,6 +106,34 @@ impl Renderer {
             let _ = writeln!(out, "{} {} execve(...) = 0", e.tid, self.time(e.ts));
             return;
         }
+        // io_uring's operations run beside their submitter's calls: a line of their own, in
+        // the form the checker reads, splitting nothing.
+        match e.kind {
+            Kind::UringOp => {
+                let _ = writeln!(
+                    out,
+                    "{} {} io_uring_op({}, {}, {:#x}) = 0",
+                    e.tid,
+                    self.time(e.ts),
+                    e.args[1] as i64 as i32,
+                    uring_op_name(e.args[2]),
+                    e.args[0]
+                );
+                return;
+            }
+            Kind::UringDone => {
+                let _ = writeln!(
+                    out,
+                    "{} {} io_uring_done({:#x}) = {}",
+                    e.tid,
+                    self.time(e.ts),
+                    e.args[0],
+                    e.ret
+                );
+                return;
+            }
+            _ => {}
+        }
         // Another thread's event splits the calls in progress, as strace does.
         while let Some(t) = self.pending.keys().copied().find(|t| *t != e.tid) {
             self.print_unfinished(t, out);
@@ -149,6 +183,7 @@ impl Renderer {
                     }
                 }
             }
+            Kind::UringOp | Kind::UringDone => {}
             Kind::ThreadExit => {
                 if let Some(p) = self.pending.remove(&e.tid) {
                     self.pending.insert(e.tid, p);
@@ -214,6 +249,51 @@ impl std::fmt::Display for Time {
             self.0 / 1_000_000_000,
             (self.0 % 1_000_000_000) / 1000
         )
+    }
+}
+
+/// An io_uring opcode as liburing names it (the common ones; the number otherwise).
+fn uring_op_name(op: u64) -> String {
+    const NAMES: &[&str] = &[
+        "NOP",
+        "READV",
+        "WRITEV",
+        "FSYNC",
+        "READ_FIXED",
+        "WRITE_FIXED",
+        "POLL_ADD",
+        "POLL_REMOVE",
+        "SYNC_FILE_RANGE",
+        "SENDMSG",
+        "RECVMSG",
+        "TIMEOUT",
+        "TIMEOUT_REMOVE",
+        "ACCEPT",
+        "ASYNC_CANCEL",
+        "LINK_TIMEOUT",
+        "CONNECT",
+        "FALLOCATE",
+        "OPENAT",
+        "CLOSE",
+        "FILES_UPDATE",
+        "STATX",
+        "READ",
+        "WRITE",
+        "FADVISE",
+        "MADVISE",
+        "SEND",
+        "RECV",
+        "OPENAT2",
+        "EPOLL_CTL",
+        "SPLICE",
+        "PROVIDE_BUFFERS",
+        "REMOVE_BUFFERS",
+        "TEE",
+        "SHUTDOWN",
+    ];
+    match NAMES.get(op as usize) {
+        Some(n) => format!("IORING_OP_{n}"),
+        None => op.to_string(),
     }
 }
 
