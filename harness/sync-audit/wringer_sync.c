@@ -40,10 +40,11 @@ enum {
     SYNC_HOLD = 5,    /* the thread took a lock (for lock order; object: the lock) */
     SYNC_DROP = 6,    /* the thread let a lock go */
     SYNC_END = 7,     /* the thread ends (object: its pthread_t): a release its join acquires */
+    SYNC_START = 8,   /* the thread starts (object: its pthread_t): whom a join of it waits for */
 };
 
 /* What a SYNC_WAIT waits for (its aux), plus WAIT_TIMED when the wait has a deadline. */
-enum { WAIT_JOIN = 1, WAIT_COND = 2, WAIT_SEM = 3, WAIT_BARRIER = 4, WAIT_TIMED = 16 };
+enum { WAIT_JOIN = 1, WAIT_COND = 2, WAIT_SEM = 3, WAIT_BARRIER = 4, WAIT_LOCK = 5, WAIT_TIMED = 16 };
 
 /* `aux`: for an acquire whose release was not reported (the lock was not shared yet), the
  * thread that released it last; the checker then orders after that thread's events so far. */
@@ -295,13 +296,31 @@ __attribute__((destructor)) static void detach(void)
         return r;                                                                              \
     }
 
-LOCKING(pthread_mutex_lock, pthread_mutex_t, m)
+/* A blocking lock call: tried first, and only when the lock is busy is the wait told (with
+ * the locks this thread holds), so that a hang's wait-for cycle can be named from the trace.
+ * An uncontended lock costs no marker. The try answers as the lock would for a lock this
+ * thread holds (a recursive one is taken again, an error-checking one gives EBUSY and then
+ * the lock's own EDEADLK). */
+#define BLOCKING(name, try, type, lock)                                                        \
+    int name(type *lock)                                                                       \
+    {                                                                                          \
+        int r = get_##try()(lock);                                                             \
+        if (r == EBUSY) {                                                                      \
+            waiting((const void *)(uintptr_t)lock, SITE, WAIT_LOCK);                           \
+            r = get_##name()(lock);                                                            \
+        }                                                                                      \
+        if (r == 0)                                                                            \
+            took((const void *)(uintptr_t)lock, SITE);                                         \
+        return r;                                                                              \
+    }
+
+BLOCKING(pthread_mutex_lock, pthread_mutex_trylock, pthread_mutex_t, m)
 LOCKING(pthread_mutex_trylock, pthread_mutex_t, m)
-LOCKING(pthread_rwlock_rdlock, pthread_rwlock_t, l)
-LOCKING(pthread_rwlock_wrlock, pthread_rwlock_t, l)
+BLOCKING(pthread_rwlock_rdlock, pthread_rwlock_tryrdlock, pthread_rwlock_t, l)
+BLOCKING(pthread_rwlock_wrlock, pthread_rwlock_trywrlock, pthread_rwlock_t, l)
 LOCKING(pthread_rwlock_tryrdlock, pthread_rwlock_t, l)
 LOCKING(pthread_rwlock_trywrlock, pthread_rwlock_t, l)
-LOCKING(pthread_spin_lock, pthread_spinlock_t, l)
+BLOCKING(pthread_spin_lock, pthread_spin_trylock, pthread_spinlock_t, l)
 LOCKING(pthread_spin_trylock, pthread_spinlock_t, l)
 
 int pthread_mutex_timedlock(pthread_mutex_t *m, const struct timespec *t)
@@ -408,6 +427,7 @@ static void *trampoline(void *p)
 {
     struct start s = *(struct start *)p;
     free(p);
+    mark(SYNC_START, (void *)pthread_self(), (void *)s.routine);
     void *r = s.routine(s.arg);
     mark(SYNC_END, (void *)pthread_self(), (void *)s.routine);
     return r;

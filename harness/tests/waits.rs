@@ -68,3 +68,42 @@ fn an_untimed_condition_wait_whose_signal_can_come_first() {
         "wait without a bound",
     );
 }
+
+/// A deadlock that happens: the run hangs until its deadline, and its verdict names the
+/// wait-for cycle (each thread, the lock it waits for and where, who holds it and where it was
+/// taken), with both recorders; the twin (one lock order) ends and passes.
+#[test]
+fn a_forced_deadlock_s_verdict_names_its_cycle() {
+    let dir = scratch("waits", "deadlock");
+    let broken = build_fixture(&dir, "waits", "deadlock", false);
+    let twin = build_fixture(&dir, "waits", "deadlock", true);
+    for backend in ["ebpf", "strace"] {
+        let report = dir.join(format!("report-{backend}"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wringer"))
+            .args(["audit", "--audit-backend", backend, "--deadline", "5s"])
+            .arg("--report-dir")
+            .arg(&report)
+            .arg("--")
+            .arg(&broken)
+            .env("WRINGER_REPLAYS", "0")
+            .env("CI", "true")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{backend}");
+        let summary = std::fs::read_to_string(report.join("summary.md")).unwrap();
+        for says in [
+            "the run hung in a wait-for cycle",
+            "(main at deadlock.c:33)) for lock",
+            "(second at deadlock.c:18)) for lock",
+            "held by thread",
+        ] {
+            assert!(
+                summary.contains(says),
+                "{backend}: no {says:?} in {summary}"
+            );
+        }
+        let (failed, text) = audit_repeats(&dir, &twin, backend, &[], 2);
+        assert_eq!(failed, 0, "the twin ({backend}): {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,6 +29,7 @@ pub const FINDINGS: &[&str] = &[
     "wait without a bound",
     "lock order",
     "wait under a lock",
+    "deadlock",
 ];
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -22,6 +22,8 @@ pub enum SyncKind {
     Drop,
     /// The thread ends (object: its pthread_t): a release its join acquires.
     End,
+    /// The thread starts (object: its pthread_t): whom a join of that handle waits for.
+    Start,
 }
 
 /// What a `Wait` waits for (its `aux`).
@@ -31,6 +33,8 @@ pub enum WaitKind {
     Condition,
     Semaphore,
     Barrier,
+    /// A lock that was busy: told only on contention, for a hang's wait-for cycle.
+    Lock,
 }
 
 impl WaitKind {
@@ -40,6 +44,7 @@ impl WaitKind {
             WaitKind::Condition => "a condition wait on",
             WaitKind::Semaphore => "a semaphore wait on",
             WaitKind::Barrier => "a barrier wait on",
+            WaitKind::Lock => "a wait for",
         }
     }
 }
@@ -52,6 +57,7 @@ impl SyncMarker {
             2 => WaitKind::Condition,
             3 => WaitKind::Semaphore,
             4 => WaitKind::Barrier,
+            5 => WaitKind::Lock,
             _ => return None,
         };
         Some((kind, self.aux & 16 != 0))
@@ -90,6 +96,7 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
         5 => SyncKind::Hold,
         6 => SyncKind::Drop,
         7 => SyncKind::End,
+        8 => SyncKind::Start,
         _ => return None,
     };
     Some(SyncMarker {

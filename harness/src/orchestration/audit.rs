@@ -726,6 +726,23 @@ impl Audit<'_> {
             if matches!(ev, Event::Call { .. } | Event::Started { .. }) {
                 self.alive(pid);
             }
+            // A thread that makes a call (other than the futex its wait sleeps in, or the
+            // next marker) is not waiting any more.
+            let call = match &ev {
+                Event::Call { name, args, .. } | Event::Started { name, args } => {
+                    Some((*name, *args))
+                }
+                // The end of a call judged where it started.
+                _ => None,
+            };
+            if let Some((name, args)) = call {
+                let marker = name == "prctl" && sync_marker::parse(args).is_some();
+                if name != "futex" && !marker {
+                    if let Some(w) = self.waits.get_mut(&pid) {
+                        w.running(tid);
+                    }
+                }
+            }
             self.procs
                 .entry(pid)
                 .or_default()
@@ -808,6 +825,22 @@ impl Audit<'_> {
         }
         self.inherited_leaks();
         self.exit_leaks();
+        {
+            // Threads still waiting when the trace ended in a process that did not exit by
+            // itself (stopped by a watchdog or a step's deadline; a kill ends its threads
+            // without a word of theirs): a cycle among them is the hang's, named whichever
+            // checks were asked.
+            let found: Vec<(u32, crate::orchestration::wait_for::WaitFinding)> = self
+                .waits
+                .iter()
+                .filter(|(pid, _)| self.procs.get(pid).is_some_and(|p| !p.exiting))
+                .filter_map(|(pid, w)| Some((*pid, w.deadlock()?)))
+                .collect();
+            for (pid, f) in found {
+                let at = f.lines.first().copied().unwrap_or(0);
+                self.flag(f.check, pid, None, f.detail, at, &f.lines);
+            }
+        }
         if self.hung && untimed {
             let stuck: Vec<(u32, String, usize)> = self
                 .inside
@@ -1300,8 +1333,12 @@ impl Audit<'_> {
             pid,
             addr: m.object,
         };
+        if m.kind != SyncKind::Wait {
+            self.waits.entry(pid).or_default().running(tid);
+        }
         match m.kind {
             SyncKind::Attach => self.procs.entry(pid).or_default().observed = true,
+            SyncKind::Start => self.waits.entry(pid).or_default().start(tid, m.object),
             SyncKind::Release => {
                 self.hb.release(tid, object);
                 self.waits.entry(pid).or_default().release(tid, m.object);

@@ -68,6 +68,8 @@ pub struct WaitFor {
     handles: BTreeMap<u64, Tid>,
     edges: BTreeMap<(u64, u64), Edge>,
     waits: Vec<Wait>,
+    /// Each thread's wait in progress: told, and nothing of the thread seen since.
+    current: BTreeMap<Tid, Wait>,
 }
 
 fn hex(a: u64) -> String {
@@ -127,7 +129,7 @@ impl WaitFor {
         if kind == WaitKind::Barrier {
             self.releasers.entry(object).or_default().insert(tid);
         }
-        self.waits.push(Wait {
+        let w = Wait {
             tid,
             kind,
             object,
@@ -135,7 +137,86 @@ impl WaitFor {
             site,
             line,
             held: self.held.get(&tid).cloned().unwrap_or_default(),
-        });
+        };
+        self.current.insert(tid, w.clone());
+        // A busy lock under another is lock order's business, not a wait under a lock.
+        if kind != WaitKind::Lock {
+            self.waits.push(w);
+        }
+    }
+
+    /// The thread `handle` names started.
+    pub fn start(&mut self, tid: Tid, handle: u64) {
+        self.handles.insert(handle, tid);
+    }
+
+    /// `tid` did something after its last wait: that wait is over.
+    pub fn running(&mut self, tid: Tid) {
+        self.current.remove(&tid);
+    }
+
+    /// After a hang: a cycle among the threads still waiting, each for a lock another of them
+    /// holds or for the end of another of them, named thread by thread.
+    pub fn deadlock(&self) -> Option<WaitFinding> {
+        let waits_for = |w: &Wait| -> Option<(Tid, String)> {
+            match w.kind {
+                WaitKind::Lock => self.held.iter().find_map(|(t, held)| {
+                    let h = held.iter().find(|h| h.lock == w.object)?;
+                    (*t != w.tid)
+                        .then(|| (*t, format!("held by thread {t} (taken at {})", hex(h.site))))
+                }),
+                WaitKind::Join => {
+                    let t = *self.handles.get(&w.object)?;
+                    (t != w.tid).then(|| (t, format!("thread {t}, which has not ended")))
+                }
+                _ => None,
+            }
+        };
+        for &start in self.current.keys() {
+            let mut path: Vec<(Tid, String)> = vec![];
+            let mut at = start;
+            while path.len() <= self.current.len() {
+                let w = self.current.get(&at)?;
+                let Some((next, why)) = waits_for(w) else {
+                    break;
+                };
+                let what = match w.kind {
+                    WaitKind::Lock => format!("lock {}", hex(w.object)),
+                    _ => String::new(),
+                };
+                path.push((
+                    at,
+                    format!(
+                        "thread {at} waits (at {}) for {}{}{}",
+                        hex(w.site),
+                        what,
+                        if what.is_empty() { "" } else { " " },
+                        why
+                    ),
+                ));
+                if let Some(k) = path.iter().position(|(t, _)| *t == next) {
+                    let cycle = &path[k..];
+                    let lines = cycle
+                        .iter()
+                        .filter_map(|(t, _)| self.current.get(t).map(|w| w.line))
+                        .collect();
+                    return Some(WaitFinding {
+                        check: "deadlock",
+                        detail: format!(
+                            "the run hung in a wait-for cycle: {}; none of them can move",
+                            cycle
+                                .iter()
+                                .map(|(_, s)| s.as_str())
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        ),
+                        lines,
+                    });
+                }
+                at = next;
+            }
+        }
+        None
     }
 
     fn lock_name(&self, lock: u64) -> String {
@@ -163,7 +244,7 @@ impl WaitFor {
                             .handles
                             .get(&w.object)
                             .is_some_and(|t| stuck.contains(t)),
-                        WaitKind::Barrier => false,
+                        WaitKind::Barrier | WaitKind::Lock => false,
                     }
             };
             out.extend(
@@ -506,6 +587,46 @@ mod tests {
         assert!(
             f.iter().any(|f| f.detail.contains("a join of thread 4")),
             "{f:#?}"
+        );
+    }
+
+    /// Threads still waiting, each for a lock another holds or for another's end: the cycle
+    /// is named; a wait that is over (the thread ran on) is not part of one.
+    #[test]
+    fn threads_still_waiting_for_each_other_are_a_deadlock() {
+        let mut w = WaitFor::default();
+        w.hold(1, 0xa, 0x11, 0);
+        w.hold(2, 0xb, 0x22, 1);
+        w.wait(1, WaitKind::Lock, 0xb, false, 0x13, 2);
+        assert!(w.deadlock().is_none(), "thread 2 is not waiting");
+        w.wait(2, WaitKind::Lock, 0xa, false, 0x23, 3);
+        let d = w.deadlock().expect("a cycle");
+        assert_eq!(d.check, "deadlock");
+        assert!(
+            d.detail
+                .contains("thread 1 waits (at 0x13) for lock 0xb held by thread 2 (taken at 0x22)"),
+            "{}",
+            d.detail
+        );
+        assert!(
+            d.detail
+                .contains("thread 2 waits (at 0x23) for lock 0xa held by thread 1 (taken at 0x11)"),
+            "{}",
+            d.detail
+        );
+        w.running(2);
+        assert!(w.deadlock().is_none());
+        // A join of a thread that waits for a lock its joiner holds.
+        let mut j = WaitFor::default();
+        j.start(5, 0x7f00);
+        j.hold(4, 0xc, 0x31, 0);
+        j.wait(4, WaitKind::Join, 0x7f00, false, 0x32, 1);
+        j.wait(5, WaitKind::Lock, 0xc, false, 0x51, 2);
+        let d = j.deadlock().expect("a cycle");
+        assert!(
+            d.detail.contains("for thread 5, which has not ended"),
+            "{}",
+            d.detail
         );
     }
 }
