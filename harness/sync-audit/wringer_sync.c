@@ -69,6 +69,7 @@ static void mark(long kind, const void *object, const void *site)
 struct slot {
     _Atomic(uintptr_t) key;
     _Atomic(long) last_releaser;
+    _Atomic(int) last_tried; /* the last releaser had taken it by a try */
     _Atomic(int) shared;
 };
 static struct slot slots[SLOTS];
@@ -112,7 +113,14 @@ struct held {
     const void *lock;
     const void *site;
     int told;
+    int tried;
 };
+
+/* In a HOLD's or ACQUIRE's aux: this thread took the lock by a try (it never blocks on it, so
+ * it can neither be stalled by its holder nor close a lock-order cycle); in an ACQUIRE's aux,
+ * the releaser it names had taken it by a try. */
+#define SELF_TRY (1L << 62)
+#define PREV_TRY (1L << 61)
 static __thread struct held held[HELD_MAX];
 static __thread int held_n;
 
@@ -136,24 +144,25 @@ static void tell_held(void)
 {
     for (int i = 0; i < held_n; i++)
         if (!held[i].told) {
-            mark(SYNC_HOLD, held[i].lock, held[i].site);
+            mark_aux(SYNC_HOLD, held[i].lock, held[i].site, held[i].tried ? SELF_TRY : 0);
             held[i].told = 1;
         }
 }
 
 /* A lock was taken by this thread. */
-static void took(const void *lock, const void *site)
+static void took(const void *lock, const void *site, int tried)
 {
     struct slot *s = slot_of(lock);
     long me = self_tid();
     int shared = 1;
     if (!s) {
-        mark(SYNC_ACQUIRE, lock, site);
+        mark_aux(SYNC_ACQUIRE, lock, site, tried ? SELF_TRY : 0);
     } else {
         long last = atomic_load_explicit(&s->last_releaser, memory_order_relaxed);
         if (last != 0 && last != me) {
             int was = atomic_exchange_explicit(&s->shared, 1, memory_order_relaxed);
-            mark_aux(SYNC_ACQUIRE, lock, site, was ? 0 : last);
+            long prev = atomic_load_explicit(&s->last_tried, memory_order_relaxed) ? PREV_TRY : 0;
+            mark_aux(SYNC_ACQUIRE, lock, site, (was ? 0 : (last | prev)) | (tried ? SELF_TRY : 0));
         }
         shared = atomic_load_explicit(&s->shared, memory_order_relaxed);
     }
@@ -166,11 +175,12 @@ static void took(const void *lock, const void *site)
         held[held_n].lock = lock;
         held[held_n].site = site;
         held[held_n].told = 0;
+        held[held_n].tried = tried;
         held_n++;
     }
     (void)shared;
     if (nested || !added) {
-        mark(SYNC_HOLD, lock, site);
+        mark_aux(SYNC_HOLD, lock, site, tried ? SELF_TRY : 0);
         if (added)
             held[held_n - 1].told = 1;
     }
@@ -180,9 +190,11 @@ static void took(const void *lock, const void *site)
 static void letting_go(const void *lock, const void *site)
 {
     struct slot *s = slot_of(lock);
+    int tried = 0;
     for (int i = held_n - 1; i >= 0; i--) {
         if (held[i].lock != lock)
             continue;
+        tried = held[i].tried;
         if (held[i].told)
             mark(SYNC_DROP, lock, site);
         held[i] = held[held_n - 1];
@@ -191,8 +203,10 @@ static void letting_go(const void *lock, const void *site)
     }
     if (!s || atomic_load_explicit(&s->shared, memory_order_relaxed))
         mark(SYNC_RELEASE, lock, site);
-    if (s)
+    if (s) {
+        atomic_store_explicit(&s->last_tried, tried, memory_order_relaxed);
         atomic_store_explicit(&s->last_releaser, self_tid(), memory_order_relaxed);
+    }
 }
 
 /* A blocking wait starts: what the thread holds is told first. */
@@ -286,13 +300,14 @@ __attribute__((destructor)) static void detach(void)
 
 #define SITE __builtin_return_address(0)
 
-/* A lock call: the real one, and on success what it means for the order. */
-#define LOCKING(name, type, lock)                                                         \
+/* A try-lock call: the real one, and on success what it means for the order (a try never
+ * blocks: it is told as one). */
+#define TRYING(name, type, lock)                                                          \
     int name(type *lock)                                                                       \
     {                                                                                          \
         int r = get_##name()(lock);                                                            \
         if (r == 0)                                                                            \
-            took((const void *)(uintptr_t)lock, SITE);                                         \
+            took((const void *)(uintptr_t)lock, SITE, 1);                                      \
         return r;                                                                              \
     }
 
@@ -310,24 +325,24 @@ __attribute__((destructor)) static void detach(void)
             r = get_##name()(lock);                                                            \
         }                                                                                      \
         if (r == 0)                                                                            \
-            took((const void *)(uintptr_t)lock, SITE);                                         \
+            took((const void *)(uintptr_t)lock, SITE, 0);                                      \
         return r;                                                                              \
     }
 
 BLOCKING(pthread_mutex_lock, pthread_mutex_trylock, pthread_mutex_t, m)
-LOCKING(pthread_mutex_trylock, pthread_mutex_t, m)
+TRYING(pthread_mutex_trylock, pthread_mutex_t, m)
 BLOCKING(pthread_rwlock_rdlock, pthread_rwlock_tryrdlock, pthread_rwlock_t, l)
 BLOCKING(pthread_rwlock_wrlock, pthread_rwlock_trywrlock, pthread_rwlock_t, l)
-LOCKING(pthread_rwlock_tryrdlock, pthread_rwlock_t, l)
-LOCKING(pthread_rwlock_trywrlock, pthread_rwlock_t, l)
+TRYING(pthread_rwlock_tryrdlock, pthread_rwlock_t, l)
+TRYING(pthread_rwlock_trywrlock, pthread_rwlock_t, l)
 BLOCKING(pthread_spin_lock, pthread_spin_trylock, pthread_spinlock_t, l)
-LOCKING(pthread_spin_trylock, pthread_spinlock_t, l)
+TRYING(pthread_spin_trylock, pthread_spinlock_t, l)
 
 int pthread_mutex_timedlock(pthread_mutex_t *m, const struct timespec *t)
 {
     int r = get_pthread_mutex_timedlock()(m, t);
     if (r == 0)
-        took(m, SITE);
+        took(m, SITE, 0);
     return r;
 }
 
@@ -350,7 +365,7 @@ int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
     waiting(c, SITE, WAIT_COND);
     int r = get_pthread_cond_wait()(c, m);
     mark(SYNC_ACQUIRE, c, SITE);
-    took(m, SITE);
+    took(m, SITE, 0);
     return r;
 }
 
@@ -360,7 +375,7 @@ int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct t
     waiting(c, SITE, WAIT_COND | WAIT_TIMED);
     int r = get_pthread_cond_timedwait()(c, m, t);
     mark(SYNC_ACQUIRE, c, SITE);
-    took(m, SITE);
+    took(m, SITE, 0);
     return r;
 }
 

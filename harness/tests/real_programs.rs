@@ -1,6 +1,6 @@
 //! Real programs nobody here wrote, believed correct, audited clean with both recorders: a
 //! finding on any of them would be a false alarm (see docs/audit.md for what each exercises).
-//! Each runs under `wringer audit` (the descriptor lifecycle, its default check), with the sync observer
+//! Each runs under `wringer audit` (the descriptor lifecycle and the wait-for audit), with the sync observer
 //! preloaded, with eBPF and with strace.
 
 use std::path::{Path, PathBuf};
@@ -48,6 +48,8 @@ fn clean(dir: &Path, what: &str, ranks: u32, command: &[String]) {
         let out = Command::new(WRINGER)
             .current_dir(dir)
             .args(["audit", "--audit-backend", backend, "--deadline", "120s"])
+            // The descriptor rules and the wait-for audit: neither may flag a correct program.
+            .args(["--check", "fd-lifecycle", "--check", "waits"])
             .args(["--ranks", &ranks.to_string()])
             .arg("--report-dir")
             .arg(&report)

@@ -49,7 +49,24 @@ impl WaitKind {
     }
 }
 
+/// In a `Hold`'s or `Acquire`'s aux: the thread took the lock by a try (it never blocks on
+/// it). In an `Acquire`'s: the releaser it names had taken it by a try.
+const SELF_TRY: u64 = 1 << 62;
+const PREV_TRY: u64 = 1 << 61;
+
 impl SyncMarker {
+    /// A `Hold` or `Acquire` by a try-lock.
+    pub fn tried(&self) -> bool {
+        self.aux & SELF_TRY != 0
+    }
+
+    /// For an `Acquire` whose release was not reported: the thread that released the lock
+    /// last, and whether it had taken it by a try.
+    pub fn releaser(&self) -> Option<(u64, bool)> {
+        let tid = self.aux & !(SELF_TRY | PREV_TRY);
+        (tid != 0).then_some((tid, self.aux & PREV_TRY != 0))
+    }
+
     /// For a `Wait`: what it waits for, and whether it has a deadline.
     pub fn wait(&self) -> Option<(WaitKind, bool)> {
         let kind = match self.aux & 0xf {

@@ -1347,11 +1347,12 @@ impl Audit<'_> {
                 self.hb.release(tid, object);
                 self.waits.entry(pid).or_default().end(tid, m.object);
             }
-            SyncKind::Hold => self
-                .waits
-                .entry(pid)
-                .or_default()
-                .hold(tid, m.object, m.site, i),
+            SyncKind::Hold => {
+                self.waits
+                    .entry(pid)
+                    .or_default()
+                    .hold(tid, m.object, m.site, i, m.tried())
+            }
             SyncKind::Drop => self.waits.entry(pid).or_default().drop_lock(tid, m.object),
             SyncKind::Wait => {
                 if let Some((kind, timed)) = m.wait() {
@@ -1364,13 +1365,19 @@ impl Audit<'_> {
             SyncKind::Acquire => {
                 // Takers of a lock: whoever acquires it from another thread, and the thread
                 // that held it before it was shared (aux).
+                // A try-lock never blocks: it is no taker the lock's holder could stall.
                 let w = self.waits.entry(pid).or_default();
-                w.taker(tid, m.object);
-                if m.aux != 0 {
-                    w.taker(m.aux as u32, m.object);
+                if !m.tried() {
+                    w.taker(tid, m.object);
                 }
-                if !self.hb.acquire(tid, object) && m.aux != 0 {
-                    self.hb.acquire_from_thread(tid, m.aux as u32);
+                let releaser = m.releaser();
+                if let Some((t, false)) = releaser {
+                    w.taker(t as u32, m.object);
+                }
+                if !self.hb.acquire(tid, object) {
+                    if let Some((t, _)) = releaser {
+                        self.hb.acquire_from_thread(tid, t as u32);
+                    }
                 }
             }
         }
