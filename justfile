@@ -132,7 +132,9 @@ rdma-blind-spot: build-deps setup-rxe
     $w run --hosts hosts/rxe-vm.yaml --report-dir $out/without scenarios/rdma-graceful-shutdown.yaml
     without=$?
     grep -h "stats_max_lock_wait\|lock" $out/with-bug/summary.md || true
-    if [ $with = 1 ] && [ $without = 0 ]; then echo "rdma-blind-spot: caught with the bug, passed without"; else echo "rdma-blind-spot: with the bug exit $with (want 1), without exit $without (want 0)"; exit 1; fi
+    # The wait-for audit must name the join under the registry lock, not only the bound.
+    audited=0; grep -q "wait under a lock" $out/with-bug/summary.md && audited=1
+    if [ $with = 1 ] && [ $without = 0 ] && [ $audited = 1 ]; then echo "rdma-blind-spot: caught with the bug (the bound and the wait-for audit), passed without"; else echo "rdma-blind-spot: with the bug exit $with (want 1), without exit $without (want 0), wait-for audit finding $audited (want 1)"; exit 1; fi
 
 # The verbs audit against RDMA lifecycle bugs in the soft-RoCE VM: a broken C verbs program (harness/tests/fixtures/broken/verbs_teardown.c) is flagged and its correct twin is not; then three bugs switched into the transport (a bug-injection build) each make rdma-graceful-shutdown fail with the audit naming its invariant.
 rdma-verbs-bugs: build-deps setup-rxe external

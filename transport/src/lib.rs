@@ -22,6 +22,8 @@ mod handshake;
 mod injected;
 mod listener;
 mod sockopt;
+#[cfg(feature = "rdma")]
+mod sync_marks;
 
 pub use conn::{Connection, ConnectionOptions, ReadStats, Reader};
 pub use connect::{connect, ConnectOptions};

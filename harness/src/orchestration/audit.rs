@@ -1416,6 +1416,24 @@ impl Audit<'_> {
             return;
         }
         let returned: Option<i64> = ret.split_whitespace().next().and_then(|r| r.parse().ok());
+        if name == "futex" {
+            // Code that does not go through pthreads (Rust's std locks, Go): a wake that woke
+            // someone orders the waker before the wait it ended, where futex is recorded.
+            let mut a = args.split(',').map(str::trim);
+            let word = a
+                .next()
+                .and_then(|w| u64::from_str_radix(w.strip_prefix("0x")?, 16).ok());
+            let op = a.next().unwrap_or("");
+            if let Some(addr) = word {
+                let object = Object::Address { pid, addr };
+                if op.starts_with("FUTEX_WAKE") && returned.is_some_and(|n| n > 0) {
+                    self.hb.release(tid, object);
+                } else if op.starts_with("FUTEX_WAIT") && returned == Some(0) {
+                    self.hb.acquire(tid, object);
+                }
+            }
+            return;
+        }
         if matches!(name, "wait4" | "waitid") {
             if let Some(child) = returned.filter(|r| *r > 0) {
                 self.hb.acquire(tid, Object::ProcessEnd(child as u32));
@@ -2042,6 +2060,32 @@ mod tests {
                     100 1.004 close(3) = 0\n\
                     200 1.005 +++ exited with 0 +++\n";
         assert!(checks_of(gone, LIFECYCLE).is_empty());
+    }
+
+    /// Where futex is recorded: a wake that woke someone orders the waker before the wait it
+    /// ended (Rust's std locks and condition variables, which skip pthreads).
+    #[test]
+    fn a_futex_wake_that_woke_orders_its_waiter() {
+        let trace = |wake_ret: &str| {
+            observed(&format!(
+                "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 5\n\
+                 100 1.001 clone(child_stack=NULL, flags=CLONE_VM|CLONE_THREAD) = 101\n\
+                 101 1.002 recvfrom(5, \"x\", 1, 0, NULL, NULL) = 1\n\
+                 100 1.003 futex(0x7f10, FUTEX_WAIT_PRIVATE, 0, NULL <unfinished ...>\n\
+                 101 1.004 futex(0x7f10, FUTEX_WAKE_PRIVATE, 1) = {wake_ret}\n\
+                 100 1.005 <... futex resumed>) = 0\n\
+                 100 1.006 close(5) = 0\n"
+            ))
+        };
+        assert!(
+            checks_of(&trace("1"), LIFECYCLE).is_empty(),
+            "{:#?}",
+            analyse(&trace("1"), LIFECYCLE)
+        );
+        assert_eq!(
+            checks_of(&trace("0"), LIFECYCLE),
+            vec!["close before the receiver is done"]
+        );
     }
 
     /// An io_uring operation in flight on a descriptor is a use of it: its close before the

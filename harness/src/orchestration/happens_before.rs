@@ -9,94 +9,107 @@
 //! Each thread's own component counts its releases: a call made at component `c` is ordered
 //! before another thread's point when that thread has acquired a release made at `c` or later.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 pub type Tid = u32;
 
 /// What a thread knows of every thread's history: thread -> how many of its epochs.
+/// A thread's (or an object's) knowledge of every thread's progress, by the threads' dense
+/// indexes: a join is an element-wise max, a copy a memcpy (thousands of threads, a short-lived
+/// one per connection, stay linear).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VectorClock(BTreeMap<Tid, u64>);
+pub struct VectorClock(Vec<u64>);
 
 impl VectorClock {
-    pub fn get(&self, t: Tid) -> u64 {
-        self.0.get(&t).copied().unwrap_or(0)
+    fn get(&self, i: usize) -> u64 {
+        self.0.get(i).copied().unwrap_or(0)
     }
 
     fn join(&mut self, other: &VectorClock) {
-        for (t, c) in &other.0 {
-            let mine = self.0.entry(*t).or_insert(0);
-            *mine = (*mine).max(*c);
+        if self.0.len() < other.0.len() {
+            self.0.resize(other.0.len(), 0);
+        }
+        for (mine, theirs) in self.0.iter_mut().zip(&other.0) {
+            *mine = (*mine).max(*theirs);
         }
     }
 
-    fn tick(&mut self, t: Tid) {
-        *self.0.entry(t).or_insert(0) += 1;
+    fn tick(&mut self, i: usize) {
+        if self.0.len() <= i {
+            self.0.resize(i + 1, 0);
+        }
+        self.0[i] += 1;
     }
 }
 
-/// One instant of one thread: the thread and its own component then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Epoch {
     pub tid: Tid,
     pub clock: u64,
 }
 
-/// What a release is made on and an acquire reads from.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Object {
-    /// A lock, condition, semaphore, barrier or thread handle at an address of a process.
     Address { pid: u32, addr: u64 },
-    /// A kernel object messages cross: a pipe, a socket pair, an eventfd; a socket's shutdown
-    /// (the read it ends).
     Channel { pid: u32, id: u64 },
-    /// Every thread of a process has ended: what the wait that reaps it acquires.
     ProcessEnd(u32),
 }
 
 #[derive(Debug, Default)]
 pub struct HappensBefore {
-    threads: HashMap<Tid, VectorClock>,
+    /// Each thread's dense index into the clocks.
+    index: HashMap<Tid, usize>,
+    threads: Vec<VectorClock>,
     objects: HashMap<Object, VectorClock>,
 }
 
 impl HappensBefore {
-    fn clock(&mut self, t: Tid) -> &mut VectorClock {
-        self.threads.entry(t).or_insert_with(|| {
-            let mut c = VectorClock::default();
-            c.tick(t);
-            c
-        })
+    /// `t`'s index, its clock started (ticked once) when it is first seen.
+    fn slot(&mut self, t: Tid) -> usize {
+        if let Some(&i) = self.index.get(&t) {
+            return i;
+        }
+        let i = self.threads.len();
+        self.index.insert(t, i);
+        let mut c = VectorClock::default();
+        c.tick(i);
+        self.threads.push(c);
+        i
     }
 
-    /// Where thread `t` is now.
     pub fn now(&mut self, t: Tid) -> Epoch {
+        let i = self.slot(t);
         Epoch {
             tid: t,
-            clock: self.clock(t).get(t),
+            clock: self.threads[i].get(i),
         }
     }
 
-    /// `child` (a thread or a process) starts knowing what `parent` knew at its clone.
     pub fn spawn(&mut self, parent: Tid, child: Tid) {
-        let known = self.clock(parent).clone();
-        self.clock(parent).tick(parent);
-        let c = self.clock(child);
-        c.join(&known);
+        let p = self.slot(parent);
+        let c = self.slot(child);
+        let known = self.threads[p].clone();
+        self.threads[p].tick(p);
+        self.threads[c].join(&known);
     }
 
     /// What `t` did so far is ordered before every later acquire of `object`.
     pub fn release(&mut self, t: Tid, object: Object) {
-        let known = self.clock(t).clone();
-        self.objects.entry(object).or_default().join(&known);
-        self.clock(t).tick(t);
+        let i = self.slot(t);
+        self.objects
+            .entry(object)
+            .or_default()
+            .join(&self.threads[i]);
+        self.threads[i].tick(i);
     }
 
     /// `t` is now ordered after every release of `object` so far. False when there was none.
     pub fn acquire(&mut self, t: Tid, object: Object) -> bool {
-        let Some(o) = self.objects.get(&object).cloned() else {
+        let i = self.slot(t);
+        let Some(o) = self.objects.get(&object) else {
             return false;
         };
-        self.clock(t).join(&o);
+        self.threads[i].join(o);
         true
     }
 
@@ -105,14 +118,19 @@ impl HappensBefore {
     /// last releaser's history up to now. Wider than the truth, so it can hide a race but
     /// never invent one.
     pub fn acquire_from_thread(&mut self, t: Tid, other: Tid) {
-        let known = self.clock(other).clone();
-        self.clock(other).tick(other);
-        self.clock(t).join(&known);
+        let (i, o) = (self.slot(t), self.slot(other));
+        let known = self.threads[o].clone();
+        self.threads[o].tick(o);
+        self.threads[i].join(&known);
     }
 
     /// Whether the call `thread's` history was at `at` is ordered before where `t` is now.
     pub fn ordered_before(&mut self, at: Epoch, t: Tid) -> bool {
-        at.tid == t || self.clock(t).get(at.tid) >= at.clock
+        if at.tid == t {
+            return true;
+        }
+        let (i, a) = (self.slot(t), self.slot(at.tid));
+        self.threads[i].get(a) >= at.clock
     }
 }
 

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -103,9 +103,9 @@ struct Shared {
 #[cfg(feature = "bug-injection")]
 type EarlyReturns = (HashMap<usize, Buffers>, Vec<JoinHandle<()>>);
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+// Every lock and join here is told to the audit's sync observer when it is loaded: the
+// wait-for audit sees a join under the registry lock (DAQIRI's bug) as a wait under a lock.
+use crate::sync_marks::{join, lock};
 
 pub struct RdmaServer {
     shared: Arc<Shared>,
@@ -257,7 +257,7 @@ fn disconnect(shared: &Arc<Shared>, key: usize) {
     #[cfg(feature = "bug-injection")]
     if crate::injected::bug() == Some(crate::injected::Bug::LockAcrossJoin) {
         // DAQIRI's deadlock half, test-only: the join happens with the lock still held.
-        let joined = joining(shared, || worker.handle.join());
+        let joined = joining(shared, || join(worker.handle));
         drop(registry);
         return finish_disconnect(shared, key, worker.interface, joined, signalled);
     }
@@ -275,7 +275,7 @@ fn disconnect(shared: &Arc<Shared>, key: usize) {
         }
         let shared2 = Arc::clone(shared);
         let join = std::thread::spawn(move || {
-            let joined = handle.join().map(|(conn, n, first)| {
+            let joined = join(handle).map(|(conn, n, first)| {
                 std::mem::forget(conn.into_buffers());
                 (n, first)
             });
@@ -284,7 +284,7 @@ fn disconnect(shared: &Arc<Shared>, key: usize) {
         lock(&shared.early).1.push(join);
         return;
     }
-    let joined = joining(shared, || handle.join());
+    let joined = joining(shared, || join(handle));
     finish_disconnect(shared, key, interface, joined, signalled);
 }
 

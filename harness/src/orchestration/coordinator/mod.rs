@@ -416,6 +416,7 @@ fn audit_traces(
 ) -> Vec<Failure> {
     let checks: Vec<AuditCheck> = plan.audit.to_vec();
     let mut found = vec![];
+    let mut traces: Vec<(u32, String)> = vec![];
     for rank in 0..plan.ranks {
         let path = group.trace_path(rank);
         let text = match group.fetch_trace(rank) {
@@ -446,7 +447,37 @@ fn audit_traces(
                 ),
             ));
         }
-        let mut violations = audit::analyse_after(&text, &checks, hung);
+        traces.push((rank, text));
+    }
+    // Each rank's trace is read on a thread of its own: the checker is pure, and a run's end
+    // waits for the slowest trace, not their sum.
+    let analysed: Vec<(u32, Option<Vec<audit::Violation>>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = traces
+            .iter()
+            .map(|(rank, text)| {
+                let checks = &checks;
+                (
+                    *rank,
+                    s.spawn(move || audit::analyse_after(text, checks, hung)),
+                )
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(rank, h)| (rank, h.join().ok()))
+            .collect()
+    });
+    for (rank, violations) in analysed {
+        let Some(violations) = violations else {
+            // A checker that failed proves nothing: never clean.
+            found.push(violation(
+                rank,
+                format!("rank {rank}'s trace could not be checked: the checker panicked"),
+            ));
+            continue;
+        };
+        let path = group.trace_path(rank);
+        let mut violations = violations;
         if group.runs_here(rank) {
             // Call sites by name, from the module maps the sync observer left.
             let modules = call_sites::load(&group.sync_maps_prefix(rank));
