@@ -87,6 +87,12 @@ test-torch hosts="hosts/local.yaml" *args="": build-deps external-torch
         just setup-containers || exit 1
         $w run --hosts hosts/containers.yaml --filter xhost {{args}} scenarios/torch-*.yaml
         second=$?
+        # A torch allreduce (2 ranks, the newest release) among the real programs the audit must
+        # pass clean, with each recorder (docs/audit.md).
+        v="$PWD/target/torch/$(ls target/torch | sort -V | tail -1)"
+        for b in ebpf strace; do
+            WRINGER_TORCH_VENV="$v" PATH="$PWD/target/external:$PATH" $w audit --audit-backend $b --ranks 2 --deadline 300s --report-dir reports/torch-audit-$b -- wringer-torch --rank {rank} --size 2 --store {dir} --iface lo --timeout-ms 60000 --rounds 5 --sizes 64,65536 || second=1
+        done
     fi
     exit $(( first > second ? first : second ))
 

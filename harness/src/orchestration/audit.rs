@@ -1367,6 +1367,7 @@ impl Audit<'_> {
                 // that held it before it was shared (aux).
                 // A try-lock never blocks: it is no taker the lock's holder could stall.
                 let w = self.waits.entry(pid).or_default();
+                w.acquired(tid, m.object);
                 if !m.tried() {
                     w.taker(tid, m.object);
                 }

@@ -64,6 +64,9 @@ pub struct WaitFor {
     takers: BTreeMap<u64, BTreeSet<Tid>>,
     /// Threads that released (posted, signalled, arrived at) each object.
     releasers: BTreeMap<u64, BTreeSet<Tid>>,
+    /// Threads that took (acquired) each object: with `releasers`, whether a semaphore is used
+    /// as a lock.
+    acquirers: BTreeMap<u64, BTreeSet<Tid>>,
     /// A thread's handle (pthread_t) -> the thread.
     handles: BTreeMap<u64, Tid>,
     edges: BTreeMap<(u64, u64), Edge>,
@@ -116,6 +119,23 @@ impl WaitFor {
 
     pub fn release(&mut self, tid: Tid, object: u64) {
         self.releasers.entry(object).or_default().insert(tid);
+    }
+
+    /// `tid` took `object` (a lock, a semaphore's count, a condition's signal).
+    pub fn acquired(&mut self, tid: Tid, object: u64) {
+        self.acquirers.entry(object).or_default().insert(tid);
+    }
+
+    /// A semaphore used as a lock (CPython's `threading.Lock`, its import lock): every thread
+    /// that posts it took it first. Waiting for it is taking a lock, which lock order judges,
+    /// not a hand-shake with whoever posts it next.
+    fn lock_like(&self, object: u64) -> bool {
+        let (Some(posters), Some(takers)) =
+            (self.releasers.get(&object), self.acquirers.get(&object))
+        else {
+            return false;
+        };
+        posters.is_subset(takers)
     }
 
     pub fn end(&mut self, tid: Tid, handle: u64) {
@@ -245,7 +265,8 @@ impl WaitFor {
             let unbounded_wait = |w: &&Wait| {
                 !w.timed
                     && match w.kind {
-                        WaitKind::Condition | WaitKind::Semaphore => true,
+                        WaitKind::Condition => true,
+                        WaitKind::Semaphore => !self.lock_like(w.object),
                         WaitKind::Join => self
                             .handles
                             .get(&w.object)
@@ -280,6 +301,7 @@ impl WaitFor {
             .waits
             .iter()
             .filter(|w| !w.timed && matches!(w.kind, WaitKind::Condition | WaitKind::Semaphore))
+            .filter(|w| !(w.kind == WaitKind::Semaphore && self.lock_like(w.object)))
             .map(|w| w.tid)
             .collect();
         loop {
@@ -314,6 +336,9 @@ impl WaitFor {
         let mut out = vec![];
         let mut seen = BTreeSet::new();
         for w in &self.waits {
+            if w.kind == WaitKind::Semaphore && self.lock_like(w.object) {
+                continue;
+            }
             for h in &w.held {
                 let others: Vec<Tid> = self
                     .takers
@@ -673,5 +698,24 @@ mod tests {
             1,
             "its signaller takes the lock blocking"
         );
+    }
+
+    /// A semaphore every poster of which took it first is a lock (CPython's locks): a wait
+    /// for it under another lock is lock order's question, not a hand-shake's.
+    #[test]
+    fn a_semaphore_used_as_a_lock_is_no_hand_shake() {
+        let mut w = WaitFor::default();
+        w.hold(2, L, 1, 0, false);
+        w.wait(2, WaitKind::Semaphore, 0x5e, false, 2, 1);
+        w.acquired(2, 0x5e);
+        w.release(2, 0x5e);
+        w.acquired(1, 0x5e);
+        w.release(1, 0x5e);
+        w.hold(1, L, 3, 2, false);
+        assert!(w.findings(true).is_empty(), "{:#?}", w.findings(true));
+        // A poster that never takes it: a hand-shake, its ender takes the lock.
+        w.release(3, 0x5e);
+        w.hold(3, L, 4, 3, false);
+        assert_eq!(w.findings(false).len(), 1, "{:#?}", w.findings(false));
     }
 }
