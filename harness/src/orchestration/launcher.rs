@@ -185,9 +185,11 @@ impl RankGroup {
                         c.arg("--verbs-trace").arg(group.verbs_prefix(rank));
                     }
                     if tracing.is_some_and(Tracing::sync) {
-                        c.arg("--sync-observer")
-                            .arg("--sync-maps")
-                            .arg(group.sync_maps_prefix(rank));
+                        // One word with `=`: a report folder named like an option (`-o`)
+                        // stays a value.
+                        let mut maps = std::ffi::OsString::from("--sync-maps=");
+                        maps.push(group.sync_maps_prefix(rank));
+                        c.arg("--sync-observer").arg(maps);
                     }
                     c.env(TOKEN_ENV, token).stdin(Stdio::null());
                     c
@@ -437,7 +439,9 @@ impl RankGroup {
     /// Where a local rank's processes write their module maps (`PREFIX.<pid>.maps`), for the
     /// call sites of the sync observer's markers.
     pub fn sync_maps_prefix(&self, rank: u32) -> PathBuf {
-        self.log_dir.join(format!("rank-{rank}"))
+        // Absolute: the programs an exec step starts may run in another folder.
+        let dir = std::path::absolute(&self.log_dir).unwrap_or_else(|_| self.log_dir.clone());
+        dir.join(format!("rank-{rank}"))
     }
 
     /// Where rank `rank`'s processes write their verbs traces (`PREFIX.<pid>.verbs`), on the
