@@ -95,6 +95,7 @@ fn a_bad_suppressions_file_is_an_input_error_where_it_is_wrong() {
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_wringer"))
+        .current_dir(&dir)
         .args(["audit", "--suppressions"])
         .arg(&file)
         .args(["--", "/bin/true"])
@@ -104,5 +105,9 @@ fn a_bad_suppressions_file_is_an_input_error_where_it_is_wrong() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("bad.yaml:4:"), "{err}");
     assert!(err.contains("names no finding"), "{err}");
+    assert!(
+        !dir.join("reports").exists(),
+        "bad input wrote a report folder"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

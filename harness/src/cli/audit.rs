@@ -144,6 +144,9 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         .into());
     }
+    // Bad input is refused before anything is written.
+    let mut supp_words = vec![];
+    let suppressions = super::run::load_suppressions(&a.suppressions, &mut supp_words)?;
     let mut checks: Vec<AuditCheck> = a.checks.iter().map(|c| (*c).into()).collect();
     if checks.is_empty() {
         checks = vec![AuditCheck::FdLifecycle];
@@ -179,7 +182,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if a.exit != 0 {
         head.extend(["--exit".into(), a.exit.to_string()]);
     }
-    let suppressions = super::run::load_suppressions(&a.suppressions, &mut head)?;
+    head.extend(supp_words);
     let mut tail = vec!["--".to_string()];
     tail.extend(a.command.iter().cloned());
     let opts = runner::RunOptions {
