@@ -7,30 +7,11 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{build_fixture, scratch};
+use common::{audit_once, build_fixture, scratch};
 
 /// `wringer audit` of `exe` with `args` before `--`: (exit code, results.json's first scenario).
 fn audit(dir: &Path, exe: &Path, args: &[&str]) -> (i32, serde_json::Value) {
-    let report = dir.join("report");
-    let _ = std::fs::remove_dir_all(&report);
-    let out = Command::new(env!("CARGO_BIN_EXE_wringer"))
-        .arg("audit")
-        .args(args)
-        .arg("--report-dir")
-        .arg(&report)
-        .arg("--")
-        .arg(exe)
-        .env("WRINGER_REPLAYS", "0")
-        .env("CI", "true")
-        .output()
-        .unwrap();
-    let code = out.status.code().unwrap_or(-1);
-    let results = std::fs::read(report.join("results.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .map(|v| v["scenarios"][0].clone())
-        .unwrap_or(serde_json::Value::Null);
-    (code, results)
+    audit_once(&dir.join("report"), exe, args)
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{audit_repeats, build_fixture, scratch};
+use common::{audit_once, audit_repeats, build_fixture, scratch};
 
 const RUNS: u32 = 20;
 
@@ -79,22 +79,15 @@ fn a_forced_deadlock_s_verdict_names_its_cycle() {
     let twin = build_fixture(&dir, "waits", "deadlock", true);
     for backend in ["ebpf", "strace"] {
         let report = dir.join(format!("report-{backend}"));
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wringer"))
-            .args(["audit", "--audit-backend", backend, "--deadline", "5s"])
-            .arg("--report-dir")
-            .arg(&report)
-            .arg("--")
-            .arg(&broken)
-            .env("WRINGER_REPLAYS", "0")
-            .env("CI", "true")
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(1), "{backend}");
+        let (code, scenario) = audit_once(
+            &report,
+            &broken,
+            &["--audit-backend", backend, "--deadline", "5s"],
+        );
+        assert_eq!(code, 1, "{backend}");
         // Every failure of the run (the page's table shows the first: the watchdog's, when it
         // fired before the step's own deadline).
-        let results: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(report.join("results.json")).unwrap()).unwrap();
-        let summary = results["scenarios"][0]["evidence"]["failures"].to_string();
+        let summary = scenario["evidence"]["failures"].to_string();
         for says in [
             "the run hung in a wait-for cycle",
             "(main at deadlock.c:33)) for lock",

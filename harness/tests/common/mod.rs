@@ -104,6 +104,35 @@ pub fn build_fixture_linked(
     exe
 }
 
+/// `wringer audit` of `exe` with `args` before `--`, its report in `report` (made afresh):
+/// the exit code and results.json's first scenario (null when the run wrote none).
+pub fn audit_once(report: &Path, exe: &Path, args: &[&str]) -> (i32, serde_json::Value) {
+    let _ = std::fs::remove_dir_all(report);
+    let out = Command::new(env!("CARGO_BIN_EXE_wringer"))
+        .arg("audit")
+        .args(args)
+        .arg("--report-dir")
+        .arg(report)
+        .arg("--")
+        .arg(exe)
+        .env("WRINGER_REPLAYS", "0")
+        .env("CI", "true")
+        .output()
+        .unwrap();
+    let code = out.status.code().unwrap_or(-1);
+    assert!(
+        matches!(code, 0 | 1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scenario = std::fs::read(report.join("results.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .map(|v| v["scenarios"][0].clone())
+        .unwrap_or(serde_json::Value::Null);
+    (code, scenario)
+}
+
 /// `wringer audit` of `exe` with `checks` (none: its defaults), `runs` times, its syscalls
 /// recorded by `backend`: (runs that failed, the failures' text).
 pub fn audit_repeats(
@@ -117,34 +146,12 @@ pub fn audit_repeats(
         "{}-{backend}",
         exe.file_name().unwrap().to_string_lossy()
     ));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wringer"));
-    cmd.args([
-        "audit",
-        "--audit-backend",
-        backend,
-        "--repeat",
-        &runs.to_string(),
-    ]);
+    let runs = runs.to_string();
+    let mut args = vec!["--audit-backend", backend, "--repeat", &runs];
     for c in checks {
-        cmd.args(["--check", c]);
+        args.extend(["--check", c]);
     }
-    let out = cmd
-        .arg("--report-dir")
-        .arg(&report)
-        .arg("--")
-        .arg(exe)
-        .env("WRINGER_REPLAYS", "0")
-        .env("CI", "true")
-        .output()
-        .unwrap();
-    assert!(
-        matches!(out.status.code(), Some(0 | 1)),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(report.join("results.json")).unwrap()).unwrap();
-    let s = &v["scenarios"][0];
+    let (_, s) = audit_once(&report, exe, &args);
     (
         s["repeats_failed"].as_u64().unwrap(),
         s["evidence"]["failures"].to_string(),
