@@ -86,16 +86,15 @@ impl Modules {
         Modules { maps, program }
     }
 
-    /// The module an address is in, and the address as that module's own (what addr2line
-    /// reads): relative to its load base for a shared object or PIE, as is for a fixed one.
+    /// The module an address is in, and the address relative to the module's load base
+    /// (what addr2line reads for a shared object or PIE; a fixed executable reads the address
+    /// as it is, which [`symbolise`] decides once per module).
     pub fn place(&self, addr: u64) -> Option<(&str, u64)> {
         let m = self
             .maps
             .iter()
             .find(|m| (m.start..m.end).contains(&addr))?;
-        let fixed = elf_type(Path::new(&m.path)) == Some(2);
-        let own = if fixed { addr } else { addr - m.base };
-        Some((&m.path, own))
+        Some((&m.path, addr - m.base))
     }
 }
 
@@ -195,6 +194,12 @@ fn symbolise(modules: &Modules, addrs: &[u64]) -> BTreeMap<u64, String> {
     }
     let mut out = BTreeMap::new();
     for (path, list) in by_module {
+        // A fixed-address executable's addresses are its own: read its ELF type once.
+        let fixed = elf_type(Path::new(&path)) == Some(2);
+        let list: Vec<(u64, u64)> = list
+            .into_iter()
+            .map(|(a, rel)| (a, if fixed { a } else { rel }))
+            .collect();
         // A return address is just past its call: ask for the call's own line.
         let lines = addr2line(
             Path::new(&path),
