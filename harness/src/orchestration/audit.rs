@@ -554,6 +554,7 @@ struct Fd {
 
 /// A socket or pipe a process inherited and carried across its `execve`: its new program
 /// never heard of it unless it uses it.
+#[derive(Clone)]
 struct Inherited {
     pid: u32,
     fd: i32,
@@ -1671,19 +1672,7 @@ impl Audit<'_> {
                 let own = *self.own_closes.get(&h.origin)?;
                 // Closed by its origin while this copy was open: before the `execve` too,
                 // since the copy then crossed it.
-                h.closed.is_none_or(|c| c > own).then_some((
-                    Inherited {
-                        pid: h.pid,
-                        fd: h.fd,
-                        origin: h.origin,
-                        exec_line: h.exec_line,
-                        used: false,
-                        closed: h.closed,
-                        conduit: h.conduit,
-                        held_then: true,
-                    },
-                    own,
-                ))
+                h.closed.is_none_or(|c| c > own).then(|| (h.clone(), own))
             })
             .collect();
         for (h, own) in found {
