@@ -1,0 +1,680 @@
+//! The syscall-level lifecycle audit: ranks run under strace, and their traces are checked
+//! for the order of events that outcome checks cannot see. Parsing and checking are pure (a
+//! trace in, violations out), so they are unit-tested on hand-written traces.
+//!
+//! Invariants, per process:
+//! - close while in use: an fd is closed while another thread is inside a syscall on it;
+//! - close before the receiver is done: an fd is closed while a thread that received on it, or
+//!   waited in `poll` for it alone, (since it was created) has not exited. A process that
+//!   names its receiver threads (wringer's transport: `wringer-rx-FD`) has said which they are:
+//!   there only those count, since its other threads read their own frames and live on;
+//! - use after close: a thread that used an fd before its close uses the number again after
+//!   it (EBADF, or someone else's reused descriptor), or any call on it fails with EBADF;
+//! - double close: a thread that held a descriptor closes its number again (EBADF);
+//!
+//! Where the sync observer is loaded (its `prctl` markers in the trace), order is judged by
+//! happens-before, not by timing: a release is a violation when another thread's wait or
+//! receive on the descriptor is not ordered before it (no join, lock, condition, semaphore or
+//! message between them), whether or not the race showed in this run; a thread that held the
+//! previous descriptor of a reused number and uses (or closes) the new one without being
+//! ordered after its creation is using a stale handle. Probes (`fcntl` F_GETFD/F_SETFD/
+//! F_GETFL/F_SETFL) are not uses, and a program image's descriptors end at its `execve`.
+//! - leaks (`leaks`): fds and threads created during a step and still open or alive at its end;
+//! - waits without a bound (`unbounded-waits`): blocking calls with no timeout still in progress
+//!   when the trace ends (reported when the watchdog fired).
+//!
+//! By concept: `recorder` (the command a rank runs under: strace or eBPF), `strace_line` (one
+//! line of a trace), `calls` (what each syscall does to descriptors and threads), this module
+//! (per-process state and the pass over a trace), `descriptors` (the descriptor rules),
+//! `sync_events` (the sync observer's markers), `inheritance` (`fork`, `execve` and exit).
+
+mod calls;
+mod descriptors;
+mod inheritance;
+mod recorder;
+mod strace_line;
+mod sync_events;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::model::scenario::AuditCheck;
+use crate::model::sync_marker::{self, SyncKind};
+use crate::orchestration::happens_before::{Epoch, HappensBefore, Object};
+use crate::orchestration::wait_for::WaitFor;
+
+use self::calls::*;
+pub use self::recorder::{exact_perturbations, path_word, strace_command, tracer_command};
+use self::strace_line::{parse_line, Event};
+
+/// One broken invariant, with the trace lines around it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Violation {
+    pub check: &'static str,
+    pub pid: u32,
+    /// The program the process ran, where the trace names it (its `execve`).
+    pub program: Option<String>,
+    pub fd: Option<i32>,
+    pub detail: String,
+    /// Trace line numbers (1-based) and text around the violation.
+    pub context: Vec<(usize, String)>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} in pid {}: {}", self.check, self.pid, self.detail)?;
+        for (n, l) in &self.context {
+            write!(f, "\n    {n:>6}: {l}")?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Fd {
+    /// Threads that used it at all since it was created.
+    users: BTreeSet<u32>,
+    /// Where it was closed, while it stays closed, and by which thread.
+    closed_at: Option<usize>,
+    closer: Option<u32>,
+    /// Where it was created, when that was inside the running step (for `leaks`).
+    created: Option<usize>,
+    /// Each other thread's last wait or receive on it, for the happens-before check of its
+    /// release.
+    last_wait: BTreeMap<u32, Use>,
+    /// When and by which thread this descriptor of the number was made (none: before the
+    /// trace began).
+    made: Option<Epoch>,
+    /// The threads that used the previous descriptor of this number, and who closed that one:
+    /// a use by one of them not ordered after `made` is a stale handle.
+    stale: BTreeSet<u32>,
+    stale_closer: Option<u32>,
+    /// The kernel channel it is an end of (pipe, socket pair, eventfd): a message sent into it
+    /// orders the sender before the receiver.
+    channel: Option<u64>,
+    /// Which descriptor this is, trace-wide (0: one the trace never saw made); a forked
+    /// child's copy keeps its original's (`origin`).
+    id: u64,
+    /// Close-on-exec: it does not survive an `execve`.
+    cloexec: bool,
+    /// A socket or pipe: what a peer reads its end of (EOF) only when every copy is closed.
+    conduit: Option<&'static str>,
+    /// The process and descriptor this copy was inherited from at a fork (the first one,
+    /// through a chain of forks).
+    origin: Option<(u32, u64)>,
+    /// Where the current program image made it (for `leaks` at the program's exit).
+    image_made: Option<usize>,
+    /// Its entry in the audit's inherited copies, once it crossed an `execve`.
+    inherited: Option<usize>,
+}
+
+/// A socket or pipe a process inherited and carried across its `execve`: its new program
+/// never heard of it unless it uses it.
+#[derive(Clone)]
+struct Inherited {
+    pid: u32,
+    fd: i32,
+    origin: (u32, u64),
+    exec_line: usize,
+    used: bool,
+    closed: Option<usize>,
+    conduit: &'static str,
+    /// It was seen alive when its origin closed its own copy: inside a call then, or making
+    /// one after (a recorder may print its end after the close that followed it).
+    held_then: bool,
+}
+
+/// One thread's call on a descriptor, as the happens-before check needs it.
+struct Use {
+    at: Epoch,
+    line: usize,
+    call: String,
+}
+
+#[derive(Default)]
+struct Thread {
+    /// Where it was created, when that was inside the running step (for `leaks`).
+    created: Option<usize>,
+    /// The fd this thread receives on: set by a receive (or a `poll` on that fd alone), kept
+    /// while its calls stay on that fd, dropped by any other call (the thread has moved on, as
+    /// a handshake thread does once it hands a socket over) or by its exit.
+    receiving: Option<i32>,
+    /// The fd whose receiver this thread is by its name (`wringer-rx-FD`).
+    named_receiver_of: Option<i32>,
+}
+
+/// Per-process state while reading a trace.
+#[derive(Default)]
+struct Process {
+    fds: BTreeMap<i32, Fd>,
+    threads: BTreeMap<u32, Thread>,
+    /// It names its receiver threads: only they must exit before their fd's close.
+    names_receivers: bool,
+    /// Each epoll instance's registered descriptors (`epoll_ctl` ADD and DEL): a thread in
+    /// `epoll_wait` waits for every one of them.
+    epoll_sets: BTreeMap<i32, BTreeSet<i32>>,
+    /// The sync observer is loaded in it: its pthread synchronisation is in the trace, and
+    /// releases are judged by happens-before.
+    observed: bool,
+    /// It reported a step (a rank): `leaks` counts between its step markers, not at its exit.
+    stepped: bool,
+    /// It called `exit_group` (or its last thread `exit`): it ended by itself, not by a kill.
+    exiting: bool,
+    /// Where its main thread's end was seen.
+    ended: Option<usize>,
+    /// The program it runs, from its last `execve` (when the recorder printed the path).
+    exe: Option<String>,
+}
+
+/// A call in progress on a thread.
+struct Inside {
+    name: String,
+    args: String,
+    /// The descriptors it acts on or waits for directly.
+    fds: Vec<i32>,
+    /// The epoll set it waits on (`epoll_wait`), whose members it waits for as they are now.
+    epoll: Option<i32>,
+    line: usize,
+}
+
+/// Read a whole trace and return every violation of the chosen checks, as after a hang.
+pub fn analyse(trace: &str, checks: &[AuditCheck]) -> Vec<Violation> {
+    analyse_after(trace, checks, true)
+}
+
+/// Read a whole trace and return every violation of the chosen checks. Syscalls still in
+/// progress without a timeout count (`unbounded-waits`) only when the run `hung`; the sync
+/// observer's untimed waits count whenever that check is on.
+pub fn analyse_after(trace: &str, checks: &[AuditCheck], hung: bool) -> Vec<Violation> {
+    Audit {
+        lines: trace.lines().collect(),
+        checks,
+        hung,
+        ..Audit::default()
+    }
+    .run()
+}
+
+#[derive(Default)]
+struct Audit<'a> {
+    lines: Vec<&'a str>,
+    checks: &'a [AuditCheck],
+    tgid: BTreeMap<u32, u32>,
+    procs: BTreeMap<u32, Process>,
+    inside: BTreeMap<u32, Inside>,
+    /// Per process, the line where the running step started.
+    step: BTreeMap<u32, usize>,
+    out: Vec<Violation>,
+    hb: HappensBefore,
+    /// Whether the run hung (for waits still in progress at the end).
+    hung: bool,
+    /// Per process, who holds and waits for what (the `waits` check).
+    waits: BTreeMap<u32, WaitFor>,
+    /// Kernel channels (pipes, socket pairs, eventfds) numbered as they are made.
+    channels: u64,
+    /// Descriptors numbered as they are made (0 stays "never seen made").
+    fd_ids: u64,
+    /// Every process's parent (a fork, not a thread), from the whole trace first: a child's
+    /// first calls come before its parent's `vfork` returns.
+    parents: BTreeMap<u32, u32>,
+    /// Processes whose inherited descriptors are already copied from their parent.
+    copied: BTreeSet<u32>,
+    /// Sockets and pipes carried across an `execve`, for the inherited-leak rule.
+    inherited: Vec<Inherited>,
+    /// Where each process closed its own copy of a socket or pipe, by its id.
+    own_closes: BTreeMap<(u32, u64), usize>,
+    /// io_uring operations in flight, by process and request: who submitted it, on which
+    /// descriptor, what, and where.
+    uring: BTreeMap<(u32, u64), InFlight>,
+}
+
+/// An io_uring operation that took its descriptor and has not completed.
+struct InFlight {
+    tid: u32,
+    fd: i32,
+    op: String,
+    line: usize,
+}
+
+impl Audit<'_> {
+    fn on(&self, c: AuditCheck) -> bool {
+        self.checks.contains(&c)
+    }
+
+    fn context(&self, at: usize, also: &[usize]) -> Vec<(usize, String)> {
+        let last = self.lines.len().saturating_sub(1);
+        let mut idx: BTreeSet<usize> = (at.saturating_sub(3)..=(at + 2).min(last)).collect();
+        idx.extend(also.iter().copied());
+        idx.into_iter()
+            .map(|i| (i + 1, self.lines[i].to_string()))
+            .collect()
+    }
+
+    fn flag(
+        &mut self,
+        check: &'static str,
+        pid: u32,
+        fd: Option<i32>,
+        detail: String,
+        at: usize,
+        also: &[usize],
+    ) {
+        let context = self.context(at, also);
+        let program = self.procs.get(&pid).and_then(|p| p.exe.clone());
+        self.out.push(Violation {
+            check,
+            pid,
+            program,
+            fd,
+            detail,
+            context,
+        });
+    }
+
+    fn run(mut self) -> Vec<Violation> {
+        (self.tgid, self.parents) = threads_of(&self.lines);
+        for i in 0..self.lines.len() {
+            let line = self.lines[i];
+            let Some((tid, ev)) = parse_line(line) else {
+                continue;
+            };
+            let pid = *self.tgid.entry(tid).or_insert(tid);
+            self.inherit(pid);
+            if matches!(ev, Event::Call { .. } | Event::Started { .. }) {
+                self.alive(pid);
+            }
+            // A thread that makes a call (other than the futex its wait sleeps in, or the
+            // next marker) is not waiting any more.
+            let call = match &ev {
+                Event::Call { name, args, .. } | Event::Started { name, args } => {
+                    Some((*name, *args))
+                }
+                // The end of a call judged where it started.
+                _ => None,
+            };
+            if let Some((name, args)) = call {
+                let marker = name == "prctl" && sync_marker::parse(args).is_some();
+                if name != "futex" && !marker {
+                    if let Some(w) = self.waits.get_mut(&pid) {
+                        w.running(tid);
+                    }
+                }
+            }
+            self.procs
+                .entry(pid)
+                .or_default()
+                .threads
+                .entry(tid)
+                .or_default();
+            match ev {
+                Event::Call { name, args, ret } => self.call(pid, tid, name, args, ret, i),
+                Event::Started { name, args } => {
+                    if name == "exit_group" {
+                        // It does not return: the eBPF recorder prints it as unfinished.
+                        self.procs.entry(pid).or_default().exiting = true;
+                    }
+                    let fds = fds_of(name, args);
+                    // A release is judged where it returns (a close of a closed number fails
+                    // there with EBADF); its start is not a use of what it releases.
+                    let used: &[i32] = if releases(name) { &[] } else { &fds };
+                    self.touch(pid, tid, name, used, i);
+                    let epoll = fds.first().copied().filter(|_| waits_on_epoll(name));
+                    self.inside.insert(
+                        tid,
+                        Inside {
+                            name: name.to_string(),
+                            args: args.to_string(),
+                            fds,
+                            epoll,
+                            line: i,
+                        },
+                    );
+                }
+                Event::Resumed { name, args, ret } => {
+                    if let Some(call) = self.inside.remove(&tid).filter(|c| c.name == name) {
+                        // Usage was noted when it started; its effects count where it returned,
+                        // with what the call wrote (fds) or sent, when printed only then.
+                        // strace prints only the rest there (`[3, 4]) = 0`), after the flags
+                        // it printed at the start: both are read.
+                        let joined;
+                        let args = if !args.is_empty() && returns_args(name) {
+                            joined = format!("{}{args}", call.args);
+                            &joined
+                        } else {
+                            &call.args
+                        };
+                        if releases(&call.name) {
+                            self.release(pid, tid, &call.name, args, ret, i);
+                        } else {
+                            self.effects(pid, tid, &call.name, args, ret, i);
+                        }
+                    }
+                }
+                Event::Exited => {
+                    if tid == pid {
+                        self.procs.entry(pid).or_default().ended = Some(i);
+                        // Its descriptors close with it.
+                        for h in self.inherited.iter_mut().filter(|h| h.pid == pid) {
+                            h.closed.get_or_insert(i);
+                        }
+                    }
+                    self.hb.release(tid, Object::ProcessEnd(pid));
+                    self.inside.remove(&tid);
+                    if let Some(p) = self.procs.get_mut(&pid) {
+                        p.threads.remove(&tid);
+                    }
+                }
+                Event::Other => {}
+            }
+        }
+        let untimed = self.on(AuditCheck::UnboundedWaits);
+        if self.on(AuditCheck::Waits) || untimed {
+            let found: Vec<(u32, crate::orchestration::wait_for::WaitFinding)> = self
+                .waits
+                .iter()
+                .flat_map(|(pid, w)| w.findings(untimed).into_iter().map(|f| (*pid, f)))
+                .filter(|(_, f)| self.on(AuditCheck::Waits) || f.check == "wait without a bound")
+                .collect();
+            for (pid, f) in found {
+                let at = f.lines.first().copied().unwrap_or(0);
+                self.flag(f.check, pid, None, f.detail, at, &f.lines);
+            }
+        }
+        self.inherited_leaks();
+        self.exit_leaks();
+        {
+            // Threads still waiting when the trace ended in a process that did not exit by
+            // itself (stopped by a watchdog or a step's deadline; a kill ends its threads
+            // without a word of theirs): a cycle among them is the hang's, named whichever
+            // checks were asked.
+            let found: Vec<(u32, crate::orchestration::wait_for::WaitFinding)> = self
+                .waits
+                .iter()
+                .filter(|(pid, _)| self.procs.get(pid).is_some_and(|p| !p.exiting))
+                .filter_map(|(pid, w)| Some((*pid, w.deadlock()?)))
+                .collect();
+            for (pid, f) in found {
+                let at = f.lines.first().copied().unwrap_or(0);
+                self.flag(f.check, pid, None, f.detail, at, &f.lines);
+            }
+        }
+        if self.hung && untimed {
+            let stuck: Vec<(u32, String, usize)> = self
+                .inside
+                .iter()
+                .filter(|(_, c)| unbounded(&c.name, &c.args))
+                .map(|(t, c)| (*t, c.name.clone(), c.line))
+                .collect();
+            for (tid, name, at) in stuck {
+                let pid = *self.tgid.get(&tid).unwrap_or(&tid);
+                self.flag(
+                    "wait without a bound",
+                    pid,
+                    None,
+                    format!("thread {tid} was still inside {name}() with no timeout when the trace ended"),
+                    at,
+                    &[],
+                );
+            }
+        }
+        self.out
+    }
+
+    /// A call that completed on one line.
+    fn call(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
+        if let Some(req) = uring_request(name, args) {
+            // `io_uring_op(7, IORING_OP_RECV, 0x…)`: in flight on fd 7 until its completion.
+            if name == "io_uring_done" {
+                self.uring.remove(&(pid, req));
+                return;
+            }
+            let mut a = args.split(',').map(str::trim);
+            if let (Some(Ok(fd)), Some(op)) = (a.next().map(str::parse::<i32>), a.next()) {
+                if fd >= 0 {
+                    self.use_fd(pid, tid, name, fd, i);
+                    let op = op.trim_start_matches("IORING_OP_").to_string();
+                    self.uring.insert(
+                        (pid, req),
+                        InFlight {
+                            tid,
+                            fd,
+                            op,
+                            line: i,
+                        },
+                    );
+                }
+            }
+            return;
+        }
+        if releases(name) {
+            self.release(pid, tid, name, args, ret, i);
+            return;
+        }
+        self.touch(pid, tid, name, &fds_of(name, args), i);
+        self.effects(pid, tid, name, args, ret, i);
+    }
+
+    /// What a finished call leaves behind: new fds, new threads, EBADF, step markers.
+    fn effects(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
+        let in_step = self.step.contains_key(&pid).then_some(i);
+        if let Some(m) = (name == "prctl")
+            .then(|| sync_marker::parse(args))
+            .flatten()
+        {
+            self.sync(pid, tid, m, i);
+            return;
+        }
+        if let Some(fd) = (name == "prctl").then(|| named_receiver(args)).flatten() {
+            let p = self.procs.entry(pid).or_default();
+            p.names_receivers = true;
+            p.threads.entry(tid).or_default().named_receiver_of = Some(fd);
+            return;
+        }
+        if let Some((child, thread)) = cloned_thread(name, args, ret) {
+            self.hb.spawn(tid, child);
+            if thread {
+                self.tgid.insert(child, pid);
+                let p = self.procs.entry(pid).or_default();
+                p.threads.entry(child).or_default().created = in_step;
+            } else {
+                self.parents.insert(child, pid);
+                self.inherit(child);
+            }
+            return;
+        }
+        if name == "exit_group" {
+            self.procs.entry(pid).or_default().exiting = true;
+            return;
+        }
+        let returned: Option<i64> = ret.split_whitespace().next().and_then(|r| r.parse().ok());
+        if name == "futex" {
+            // Code that does not go through pthreads (Rust's std locks, Go): a wake that woke
+            // someone orders the waker before the wait it ended, where futex is recorded.
+            let mut a = args.split(',').map(str::trim);
+            let word = a
+                .next()
+                .and_then(|w| u64::from_str_radix(w.strip_prefix("0x")?, 16).ok());
+            let op = a.next().unwrap_or("");
+            if let Some(addr) = word {
+                let object = Object::Address { pid, addr };
+                if op.starts_with("FUTEX_WAKE") && returned.is_some_and(|n| n > 0) {
+                    self.hb.release(tid, object);
+                } else if op.starts_with("FUTEX_WAIT") && returned == Some(0) {
+                    self.hb.acquire(tid, object);
+                }
+            }
+            return;
+        }
+        if matches!(name, "wait4" | "waitid") {
+            if let Some(child) = returned.filter(|r| *r > 0) {
+                self.hb.acquire(tid, Object::ProcessEnd(child as u32));
+            }
+        }
+        if name == "execve" && returned == Some(0) {
+            self.new_image(pid, i);
+            let path = args.strip_prefix('"').and_then(|a| a.split('"').next());
+            self.procs.entry(pid).or_default().exe =
+                path.filter(|p| !p.is_empty()).map(str::to_string);
+        }
+        if name == "fcntl" && args.contains("F_SETFD") && returned == Some(0) {
+            let mut a = args.split(',').map(str::trim);
+            if let (Some(Ok(fd)), Some(flag)) = (a.next().map(str::parse::<i32>), a.nth(1)) {
+                let on =
+                    flag.contains("FD_CLOEXEC") || flag.parse::<u64>().is_ok_and(|v| v & 1 == 1);
+                if let Some(f) = self.procs.entry(pid).or_default().fds.get_mut(&fd) {
+                    f.cloexec = on;
+                }
+            }
+        }
+        let first_fd = fds_of(name, args).first().copied();
+        if let Some(fd) = first_fd {
+            let channel = self
+                .procs
+                .get(&pid)
+                .and_then(|p| p.fds.get(&fd))
+                .and_then(|f| f.channel);
+            if name == "shutdown" && returned == Some(0) {
+                // The read a shutdown ends (its EOF) is ordered after the shutdown.
+                self.hb.release(
+                    tid,
+                    Object::Channel {
+                        pid,
+                        id: shutdown_channel(fd),
+                    },
+                );
+            }
+            if receives(name) && returned == Some(0) {
+                self.hb.acquire(
+                    tid,
+                    Object::Channel {
+                        pid,
+                        id: shutdown_channel(fd),
+                    },
+                );
+            }
+            if let Some(id) = channel.filter(|_| receives(name) && returned.is_some_and(|n| n > 0))
+            {
+                self.hb.acquire(tid, Object::Channel { pid, id });
+            }
+        }
+        let made = creates_fds(name, args, ret);
+        let channel = (made.len() == 2 || name.starts_with("eventfd")).then(|| {
+            self.channels += 1;
+            self.channels
+        });
+        // A copy (dup, F_DUPFD) is of its source's kind; close-on-exec is the copy's own.
+        let source_conduit = matches!(name, "dup" | "dup2" | "dup3" | "fcntl")
+            .then(|| first_fd)
+            .flatten()
+            .and_then(|fd| self.procs.get(&pid)?.fds.get(&fd)?.conduit);
+        let conduit = conduit_of(name).or(source_conduit);
+        let cloexec = born_cloexec(name, args);
+        for (k, new) in made.into_iter().enumerate() {
+            // A pipe's reader waits for the end of its write end only.
+            let conduit = conduit.filter(|c| *c != "pipe" || k == 1);
+            // The kernel hands out a number only once it is free: a close of it still in
+            // progress on another thread (its return not yet in the trace) is over by now.
+            let closing: Vec<u32> = self
+                .inside
+                .iter()
+                .filter(|(t, c)| {
+                    c.name == "close" && c.fds.contains(&new) && self.tgid.get(t) == Some(&pid)
+                })
+                .map(|(t, _)| *t)
+                .collect();
+            for closer in closing {
+                self.inside.remove(&closer);
+                self.close(pid, closer, new, "close", i);
+            }
+            let made_at = self.hb.now(tid);
+            let fds = &mut self.procs.entry(pid).or_default().fds;
+            let (stale, stale_closer) = match fds.get(&new) {
+                Some(old) if old.closed_at.is_some() => (old.users.clone(), old.closer),
+                _ => (BTreeSet::new(), None),
+            };
+            self.fd_ids += 1;
+            fds.insert(
+                new,
+                Fd {
+                    created: in_step,
+                    made: Some(made_at),
+                    stale,
+                    stale_closer,
+                    channel,
+                    id: self.fd_ids,
+                    cloexec,
+                    conduit,
+                    image_made: Some(i),
+                    ..Fd::default()
+                },
+            );
+        }
+        if name == "epoll_ctl" && ret.starts_with('0') {
+            self.epoll_ctl(pid, args);
+        }
+        let fds = if ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle) {
+            fds_of(name, args)
+        } else {
+            vec![]
+        };
+        for fd in fds {
+            let closed = self.procs[&pid].fds.get(&fd).and_then(|f| f.closed_at);
+            let already = self.out.iter().any(|v| {
+                v.check == "use after close" && v.context.iter().any(|(n, _)| *n == i + 1)
+            });
+            if let (Some(c), false) = (closed, already) {
+                self.flag(
+                    "use after close",
+                    pid,
+                    Some(fd),
+                    format!(
+                        "thread {tid} called {name}() on fd {fd} after its close (line {}): EBADF",
+                        c + 1
+                    ),
+                    i,
+                    &[c],
+                );
+            }
+        }
+        if matches!(name, "write" | "sendto") {
+            self.marker(pid, args, i);
+        }
+    }
+}
+
+/// Every thread's process, from the whole trace first: a new thread's calls can come before
+/// its creator's clone returns (strace and the ring buffer both show that under load), and
+/// read in one pass they would be taken for another process's.
+/// Also every process's parent.
+fn threads_of(lines: &[&str]) -> (BTreeMap<u32, u32>, BTreeMap<u32, u32>) {
+    let mut tgid: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut parents: BTreeMap<u32, u32> = BTreeMap::new();
+    let mut started: BTreeMap<u32, &str> = BTreeMap::new();
+    for line in lines {
+        let Some((tid, ev)) = parse_line(line) else {
+            continue;
+        };
+        let (name, args, ret) = match ev {
+            Event::Started { name, args } if name.starts_with("clone") => {
+                started.insert(tid, args);
+                continue;
+            }
+            Event::Call { name, args, ret } => (name, args, ret),
+            Event::Resumed { name, ret, .. } => (name, started.remove(&tid).unwrap_or(""), ret),
+            _ => continue,
+        };
+        match cloned_thread(name, args, ret) {
+            Some((child, true)) => {
+                let root = *tgid.get(&tid).unwrap_or(&tid);
+                tgid.insert(child, root);
+            }
+            Some((child, false)) => {
+                parents.insert(child, *tgid.get(&tid).unwrap_or(&tid));
+            }
+            None => {}
+        }
+    }
+    (tgid, parents)
+}
