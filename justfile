@@ -203,6 +203,11 @@ bench-launch *args="": build-deps setup-slurm setup-containers
 bench-audit hosts="hosts/local.yaml" *args="": build-deps (apt "strace")
     cargo run --release -q -p wringer --bin wringer -- bench --audit-cost {{hosts}} --out reports/bench-audit {{args}}
 
+# wringer audit beside Helgrind and ThreadSanitizer on the waits and happens-before fixtures (each broken one and its twin): who flags what, and the wall times (target/race-tools.md).
+race-tools: build-deps (apt "valgrind" "clang")
+    cargo build --release -q -p wringer
+    bash scripts/race-tools.sh target/race-tools.md
+
 # The RDMA rows of the bench (ours vs ib_send_lat and ib_write_bw, same VM, same sizes), inside a soft-RoCE VM.
 bench-rdma: build-deps setup-rxe
     #!/usr/bin/env bash
