@@ -411,3 +411,49 @@ fn every_shell_call_site_says_why_it_is_safe() {
         "`sh -c` without a `// shell:` comment saying why it is safe: {unexplained:#?}"
     );
 }
+
+/// Every Rust source file of the workspace is as rustfmt writes it, the ones only a macro
+/// reaches included: `cargo fmt --check` follows `mod` declarations, and a file that a macro
+/// declares, or that nothing declares, escapes it.
+#[test]
+fn every_source_file_is_formatted() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![];
+    for dir in [
+        "harness/src",
+        "harness/tests",
+        "harness/benches",
+        "transport/src",
+        "transport/tests",
+        "transport/benches",
+        "transport/examples",
+        "harness/fuzz/fuzz_targets",
+        "transport/fuzz/fuzz_targets",
+    ] {
+        let dir = root.join(dir);
+        if dir.is_dir() {
+            rust_files(&dir, &mut files);
+        }
+    }
+    files.extend(
+        ["harness/build.rs", "transport/build.rs"]
+            .iter()
+            .map(|f| root.join(f))
+            .filter(|f| f.is_file()),
+    );
+    assert!(files.len() > 100, "only {} files found", files.len());
+    let out = std::process::Command::new("rustfmt")
+        .args(["--check", "--edition", "2021"])
+        .args(&files)
+        .output()
+        .expect("rustfmt runs (rustup component add rustfmt)");
+    assert!(
+        out.status.success(),
+        "files rustfmt would change (run cargo fmt, or rustfmt on a file no `mod` reaches):\n{}",
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("Diff in"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -6,17 +6,20 @@
 use std::io::BufReader;
 use std::time::{Duration, Instant};
 
+use libfuzzer_sys::fuzz_target;
 use wringer::model::scenario::{Fault, FaultAction};
 use wringer::orchestration::coordinator::core::{Config, Core, Input};
 use wringer::rank::protocol::{read_line, RankMsg};
-use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
     let start = Instant::now();
     let mut core = Core::new(
         Config {
             ranks: 3,
-            steps: vec![("pingpong", Duration::from_secs(1)), ("stall", Duration::from_secs(1))],
+            steps: vec![
+                ("pingpong", Duration::from_secs(1)),
+                ("stall", Duration::from_secs(1)),
+            ],
             faults: vec![Fault {
                 rank: 1,
                 at: "p".into(),

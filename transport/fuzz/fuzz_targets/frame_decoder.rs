@@ -6,7 +6,9 @@ use libfuzzer_sys::fuzz_target;
 use wringer_transport::frame::{Decoder, ReadOutcome};
 
 fuzz_target!(|input: &[u8]| {
-    let Some((&chunk, bytes)) = input.split_first() else { return };
+    let Some((&chunk, bytes)) = input.split_first() else {
+        return;
+    };
     let chunk = usize::from(chunk).max(1);
     let mut decoder = Decoder::new(64 * 1024);
     let mut consumed = 0;
@@ -27,5 +29,8 @@ fuzz_target!(|input: &[u8]| {
         }
         consumed += piece.len();
     }
-    assert!(!matches!(decoder.end_of_stream(false), ReadOutcome::Frame(_)));
+    assert!(!matches!(
+        decoder.end_of_stream(false),
+        ReadOutcome::Frame(_)
+    ));
 });

@@ -6,8 +6,8 @@
 //! counters show who found the end; a case the receiver thread found is counted apart, since it
 //! did not test a caller.
 
-use crate::model::invalid::Invalid;
 use super::support::{CASES, CASES_LATE, SLOWEST_CASE_MS};
+use crate::model::invalid::Invalid;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,8 @@ const PATIENCE: Duration = Duration::from_secs(5);
 const NOTED: usize = 6;
 
 impl super::Describe for CallerSeesEnd {
-    const ABOUT: &'static str = "a reset, truncation or garbage read by a caller reaches every caller, `send` and `flush`";
+    const ABOUT: &'static str =
+        "a reset, truncation or garbage read by a caller reaches every caller, `send` and `flush`";
 }
 
 crate::reach_points! {
@@ -87,7 +88,9 @@ impl StepSpec for CallerSeesEnd {
 
 impl StepKind for CallerSeesEnd {
     fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
-        pair(ctx, self.deadline.0, PATIENCE, |deadline| self.read(ctx, deadline, report))
+        pair(ctx, self.deadline.0, PATIENCE, |deadline| {
+            self.read(ctx, deadline, report)
+        })
     }
 }
 
@@ -133,10 +136,9 @@ impl CallerSeesEnd {
                     let noted = report.notes.len();
                     if noted < NOTED {
                         for m in &v.misreported {
-                            report.notes.push(format!(
-                                "{} to {callers} caller(s): {m}",
-                                end.name()
-                            ));
+                            report
+                                .notes
+                                .push(format!("{} to {callers} caller(s): {m}", end.name()));
                         }
                     }
                 }
@@ -184,7 +186,13 @@ impl CallerSeesEnd {
             Ok(())
         })?;
         let seen = seen.into_inner().unwrap_or_else(|p| p.into_inner());
-        let v = judge(end, &seen, conn.terminal(), conn.read_stats().ended_by, self.bound.0);
+        let v = judge(
+            end,
+            &seen,
+            conn.terminal(),
+            conn.read_stats().ended_by,
+            self.bound.0,
+        );
         conn.close()?;
         Ok(v)
     }
@@ -234,15 +242,18 @@ fn judge(
             None => None,
         }
     };
-    let times: Vec<Instant> = seen.iter().filter_map(|s| s.recv.as_ref().map(|r| r.1)).collect();
+    let times: Vec<Instant> = seen
+        .iter()
+        .filter_map(|s| s.recv.as_ref().map(|r| r.1))
+        .collect();
     for (i, s) in seen.iter().enumerate() {
         match &s.recv {
-            None => v
+            None => v.misreported.push(format!(
+                "caller {i}'s recv never reported the end within {PATIENCE:?}"
+            )),
+            Some((e, _)) if !end.is_reported_by(e) => v
                 .misreported
-                .push(format!("caller {i}'s recv never reported the end within {PATIENCE:?}")),
-            Some((e, _)) if !end.is_reported_by(e) => {
-                v.misreported.push(format!("caller {i}'s recv reported `{e}`"))
-            }
+                .push(format!("caller {i}'s recv reported `{e}`")),
             Some(_) => {}
         }
         v.misreported
@@ -288,8 +299,17 @@ mod tests {
     #[test]
     fn an_end_reported_alike_by_every_reader_in_time_passes() {
         let t = Instant::now();
-        let seen = [saw(t, Err(Error::Receiver(reset()))), saw(t + Duration::from_millis(5), Err(Error::Receiver(reset())))];
-        let v = judge(End::Reset, &seen, Some(&Terminal::Failed(reset())), Some(Reader::Caller), Duration::from_millis(100));
+        let seen = [
+            saw(t, Err(Error::Receiver(reset()))),
+            saw(t + Duration::from_millis(5), Err(Error::Receiver(reset()))),
+        ];
+        let v = judge(
+            End::Reset,
+            &seen,
+            Some(&Terminal::Failed(reset())),
+            Some(Reader::Caller),
+            Duration::from_millis(100),
+        );
         assert!(v.misreported.is_empty(), "{:?}", v.misreported);
         assert!(!v.late && !v.found_by_receiver);
         assert!((v.spread_ms - 5.0).abs() < 0.5);
@@ -298,14 +318,34 @@ mod tests {
     #[test]
     fn a_send_that_succeeds_a_clean_close_or_a_late_caller_is_caught() {
         let t = Instant::now();
-        let seen = [saw(t, Ok(())), saw(t + Duration::from_millis(300), Err(Error::Receiver(reset())))];
-        let v = judge(End::Reset, &seen, Some(&Terminal::PeerClosed), Some(Reader::Receiver), Duration::from_millis(100));
+        let seen = [
+            saw(t, Ok(())),
+            saw(
+                t + Duration::from_millis(300),
+                Err(Error::Receiver(reset())),
+            ),
+        ];
+        let v = judge(
+            End::Reset,
+            &seen,
+            Some(&Terminal::PeerClosed),
+            Some(Reader::Receiver),
+            Duration::from_millis(100),
+        );
         assert_eq!(v.misreported.len(), 2, "{:?}", v.misreported);
         assert!(v.misreported[0].contains("send succeeded after the end"));
         assert!(v.misreported[1].contains("published end is Some(PeerClosed)"));
         assert!(v.late && v.found_by_receiver);
-        let none = [Seen { recv: None, send: None, flush: None }];
+        let none = [Seen {
+            recv: None,
+            send: None,
+            flush: None,
+        }];
         let v = judge(End::Garbage, &none, None, None, Duration::from_millis(100));
-        assert!(v.misreported[0].contains("never reported the end"), "{:?}", v.misreported);
+        assert!(
+            v.misreported[0].contains("never reported the end"),
+            "{:?}",
+            v.misreported
+        );
     }
 }

@@ -6,8 +6,8 @@
 //! receiving wakes neither the caller in `poll` nor a receiver waiting in its `poll`. The peer closes its
 //! side after `peer_patience` without commands, so even that bug ends, as evidence.
 
-use crate::model::invalid::Invalid;
 use super::support::{CYCLES, FD_DELTA, SHUTDOWN_P99_MS, THREAD_DELTA};
+use crate::model::invalid::Invalid;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -53,9 +53,9 @@ const PATIENCE: Duration = Duration::from_secs(5);
 const NOTED: usize = 4;
 
 impl super::Describe for CloseDuringRecv {
-    const ABOUT: &'static str = "close with callers blocked in recv: local shutdown and close within a bound";
+    const ABOUT: &'static str =
+        "close with callers blocked in recv: local shutdown and close within a bound";
 }
-
 
 crate::reach_points! {
     pub RECEIVER_PARKED_AT_CLOSE = "receiver-parked-at-close",
@@ -68,7 +68,11 @@ crate::reach_points! {
 
 impl StepSpec for CloseDuringRecv {
     fn reach_points(&self) -> &'static [crate::model::reach::ReachPoint] {
-        &[RECEIVER_PARKED_AT_CLOSE, RECEIVER_WAITING_AT_CLOSE, CLOSE_WOKE_A_BLOCKED_CALLER]
+        &[
+            RECEIVER_PARKED_AT_CLOSE,
+            RECEIVER_WAITING_AT_CLOSE,
+            CLOSE_WOKE_A_BLOCKED_CALLER,
+        ]
     }
 
     fn metrics(&self) -> &'static [Metric] {
@@ -90,7 +94,8 @@ impl StepSpec for CloseDuringRecv {
         if self.bound.0.is_zero() || self.bound.0 >= PEER_PATIENCE {
             return Err(format!(
                 "bound must be above 0 and below the peer's patience ({PEER_PATIENCE:?})"
-            ).into());
+            )
+            .into());
         }
         Ok(())
     }
@@ -98,7 +103,9 @@ impl StepSpec for CloseDuringRecv {
 
 impl StepKind for CloseDuringRecv {
     fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
-        pair(ctx, self.deadline.0, PEER_PATIENCE, |deadline| self.close_cycles(ctx, deadline, report))
+        pair(ctx, self.deadline.0, PEER_PATIENCE, |deadline| {
+            self.close_cycles(ctx, deadline, report)
+        })
     }
 }
 
@@ -120,7 +127,12 @@ struct Cycle {
 }
 
 impl CloseDuringRecv {
-    fn close_cycles(&self, ctx: &RankContext, deadline: Instant, report: &mut StepReport) -> Result<()> {
+    fn close_cycles(
+        &self,
+        ctx: &RankContext,
+        deadline: Instant,
+        report: &mut StepReport,
+    ) -> Result<()> {
         let mut rng = Seeded::new(ctx.seed, 0x434c_4f53);
         let (fds_before, threads_before) = (open_fds(), threads());
         let bound_ms = self.bound.0.as_secs_f64() * 1e3;
@@ -129,7 +141,10 @@ impl CloseDuringRecv {
         let mut done = 0u64;
         for i in 0..self.cycles as u64 {
             if Instant::now() >= deadline {
-                bail!("only {i} of {} cycles fit in the step deadline", self.cycles);
+                bail!(
+                    "only {i} of {} cycles fit in the step deadline",
+                    self.cycles
+                );
             }
             let want_parked = rng.range(0, 2) == 0;
             let callers = rng.range(1, 3) as usize;
@@ -207,7 +222,11 @@ impl CloseDuringRecv {
 
 fn cycle(ctx: &RankContext, i: u64, want_parked: bool, callers: usize) -> Result<Cycle> {
     let conn = accept_conn(ctx, PATIENCE)?;
-    let d = Driver::new(&conn, Script::new(ctx.seed, i << 8, vec![16; NUDGES]), PATIENCE)?;
+    let d = Driver::new(
+        &conn,
+        Script::new(ctx.seed, i << 8, vec![16; NUDGES]),
+        PATIENCE,
+    )?;
     let tids = Mutex::new(Vec::<i32>::new());
     let outcomes = Mutex::new(Vec::<(wringer_transport::Result<()>, Instant)>::new());
     let a_caller_polls = || {
@@ -220,7 +239,9 @@ fn cycle(ctx: &RankContext, i: u64, want_parked: bool, callers: usize) -> Result
         let spawn_callers = || {
             for _ in 0..callers {
                 s.spawn(|| {
-                    tids.lock().unwrap_or_else(|p| p.into_inner()).push(gettid());
+                    tids.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(gettid());
                     let outcome: wringer_transport::Result<()> = loop {
                         match conn.recv(CALLER_WAIT) {
                             Ok(_) => continue,
@@ -241,8 +262,7 @@ fn cycle(ctx: &RankContext, i: u64, want_parked: bool, callers: usize) -> Result
             for n in 0..NUDGES {
                 d.write_to(d.script.end(n))?;
                 let st = || conn.read_stats();
-                let delivered =
-                    || st().frames_read_by_callers + st().frames_dequeued > n as u64;
+                let delivered = || st().frames_read_by_callers + st().frames_dequeued > n as u64;
                 if !wait_until(|| delivered() && a_caller_polls(), PATIENCE) {
                     bail!("cycle {i}: the callers never went back to waiting in recv");
                 }
@@ -257,7 +277,9 @@ fn cycle(ctx: &RankContext, i: u64, want_parked: bool, callers: usize) -> Result
             }
             spawn_callers();
         }
-        let settled = || a_caller_polls() && (receiver == Receiver::Parked) != conn.receiver_blocked_in_recv();
+        let settled = || {
+            a_caller_polls() && (receiver == Receiver::Parked) != conn.receiver_blocked_in_recv()
+        };
         if !wait_until(settled, PATIENCE) {
             bail!("cycle {i}: no caller blocked in recv with the receiver {receiver:?}");
         }
@@ -268,7 +290,10 @@ fn cycle(ctx: &RankContext, i: u64, want_parked: bool, callers: usize) -> Result
         Ok(began)
     })?;
     if !fd_is_closed(conn.raw_fd()) {
-        bail!("cycle {i}: descriptor {} is still open after close", conn.raw_fd());
+        bail!(
+            "cycle {i}: descriptor {} is still open after close",
+            conn.raw_fd()
+        );
     }
     let callers = outcomes
         .into_inner()
@@ -296,11 +321,22 @@ mod tests {
 
     #[test]
     fn closes_have_a_bound_below_the_peers_patience() {
-        let s = accepted("close-during-recv: { cycles: 300, bound: 250ms, deadline: 220s }", 2);
+        let s = accepted(
+            "close-during-recv: { cycles: 300, bound: 250ms, deadline: 220s }",
+            2,
+        );
         assert!(s.metrics().contains(&CALLERS_NOT_WOKEN_BY_CLOSE));
-        assert!(refused("close-during-recv: { cycles: 0, bound: 250ms, deadline: 220s }", 2).contains("cycles"));
+        assert!(refused(
+            "close-during-recv: { cycles: 0, bound: 250ms, deadline: 220s }",
+            2
+        )
+        .contains("cycles"));
         // A bound at or past the peer's patience could not tell a close that waits for the
         // peer from one that does not.
-        assert!(refused("close-during-recv: { cycles: 3, bound: 3s, deadline: 220s }", 2).contains("patience"));
+        assert!(refused(
+            "close-during-recv: { cycles: 3, bound: 3s, deadline: 220s }",
+            2
+        )
+        .contains("patience"));
     }
 }

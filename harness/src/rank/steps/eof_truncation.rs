@@ -31,7 +31,8 @@ pub struct EofTruncation {
 }
 
 impl super::Describe for EofTruncation {
-    const ABOUT: &'static str = "clean EOF, truncated header or payload, garbage, local shutdown told apart";
+    const ABOUT: &'static str =
+        "clean EOF, truncated header or payload, garbage, local shutdown told apart";
 }
 
 impl StepSpec for EofTruncation {

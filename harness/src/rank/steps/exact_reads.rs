@@ -1,7 +1,7 @@
 //! exact-reads: rank 1 (an adversarial raw peer) dribbles frames byte by byte and splits one at every offset; rank 0 must read every frame whole.
 
+use super::support::FRAMES_INTACT;
 use crate::model::invalid::Invalid;
-use super::support::{FRAMES_INTACT};
 use std::io::Write;
 use std::net::Shutdown;
 use std::time::Duration;
@@ -56,11 +56,7 @@ impl super::Describe for ExactReads {
 
 impl StepSpec for ExactReads {
     fn metrics(&self) -> &'static [Metric] {
-        &[
-            FRAMES_INTACT,
-            FRAMES_CORRUPT,
-            FRAMES_MISSING,
-        ]
+        &[FRAMES_INTACT, FRAMES_CORRUPT, FRAMES_MISSING]
     }
 
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
@@ -75,7 +71,8 @@ impl StepSpec for ExactReads {
         {
             return Err(format!(
                 "large_sizes: at most {MAX_LARGE_SIZES} sizes, each 1..={MAX_SIZE} bytes"
-            ).into());
+            )
+            .into());
         }
         if self.random_splits > MAX_RANDOM_SPLITS {
             return Err(format!("random_splits must be at most {MAX_RANDOM_SPLITS}").into());
@@ -231,8 +228,16 @@ mod tests {
         assert!(large.contains(&HEADER_LEN));
         assert!(large.contains(&(HEADER_LEN + 1)));
         assert!(large.contains(&(HEADER_LEN + (1 << 20) - 1)));
-        assert_eq!(plan, step(vec![1 << 20], 3).plan(42), "both ranks plan alike");
-        assert_ne!(plan, step(vec![1 << 20], 3).plan(43), "the seed moves the random splits");
+        assert_eq!(
+            plan,
+            step(vec![1 << 20], 3).plan(42),
+            "both ranks plan alike"
+        );
+        assert_ne!(
+            plan,
+            step(vec![1 << 20], 3).plan(43),
+            "the seed moves the random splits"
+        );
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //! the role's `error`) and `exit_ms` (fault to exit), against each role's expectations. A
 //! program that logs the error and never exits is killed at the deadline and judged for it.
 
-use crate::model::invalid::Invalid;
 use super::support::{DATA_MISMATCHES, DETECT_MS};
+use crate::model::invalid::Invalid;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -24,8 +24,8 @@ use super::template::{self, Values};
 use super::{Preflight, Reconciled, StepKind, StruckFault};
 use crate::hosts::{procfs, programs};
 use crate::model::duration::HumanDuration;
-use crate::model::name::printable;
 use crate::model::metric::Metric;
+use crate::model::name::printable;
 use crate::model::scenario::{Fault, FaultAction, StepSpec};
 use crate::rank::context::RankContext;
 use crate::rank::protocol::StepReport;
@@ -333,7 +333,10 @@ fn check(e: &Exec, ranks: u32) -> Result<(), Invalid> {
         }
         for &r in &role.ranks {
             if r >= ranks {
-                return Err(at(format!("rank {r} is not below the scenario's {ranks} ranks").into()));
+                return Err(at(format!(
+                    "rank {r} is not below the scenario's {ranks} ranks"
+                )
+                .into()));
             }
             if let Some(other) = owner.insert(r, name) {
                 return Err(at(format!("rank {r} is already in role `{other}`").into()));
@@ -350,12 +353,15 @@ fn check(e: &Exec, ranks: u32) -> Result<(), Invalid> {
         }
         for dep in &role.after {
             let Some(d) = e.roles.get(dep) else {
-                return Err(at(format!("comes after `{dep}`, which is not a role").into()));
+                return Err(at(
+                    format!("comes after `{dep}`, which is not a role").into()
+                ));
             };
             if d.ready.is_none() {
                 return Err(at(format!(
                     "comes after `{dep}`, which has no `ready:` (when would it be ready?)"
-                ).into()));
+                )
+                .into()));
             }
         }
         if let Some(r) = &role.ready {
@@ -371,7 +377,8 @@ fn check(e: &Exec, ranks: u32) -> Result<(), Invalid> {
                 }
                 _ => {
                     return Err(at(
-                        "ready needs exactly one of `listening: true`, `line:` or `command:`".into(),
+                        "ready needs exactly one of `listening: true`, `line:` or `command:`"
+                            .into(),
                     ))
                 }
             };
@@ -392,30 +399,42 @@ fn check(e: &Exec, ranks: u32) -> Result<(), Invalid> {
                     "`{}` cannot be read from output (these can: {})",
                     x.metric,
                     names.join(", ")
-                ).into()));
+                )
+                .into()));
             }
             match (&x.regex, &x.json) {
                 (Some(r), None) => {
                     let re = compile(r).map_err(at)?;
                     if re.captures_len() < 2 {
-                        return Err(at(format!("metric regex `{r}` needs a capture group").into()));
+                        return Err(at(
+                            format!("metric regex `{r}` needs a capture group").into()
+                        ));
                     }
                 }
                 (None, Some(_)) => {}
-                _ => return Err(at("a metric needs exactly one of `regex:` or `json:`".into())),
+                _ => {
+                    return Err(at(
+                        "a metric needs exactly one of `regex:` or `json:`".into()
+                    ))
+                }
             }
         }
         let x = &role.expect;
         if let Some(s) = &x.signal {
             if s.parse::<Signal>().is_err() {
-                return Err(at(format!("`{s}` is not a signal name (SIGKILL, SIGTERM, ...)").into()));
+                return Err(at(format!(
+                    "`{s}` is not a signal name (SIGKILL, SIGTERM, ...)"
+                )
+                .into()));
             }
             if x.exit.is_some() {
                 return Err(at("expect either `exit` or `signal`, not both".into()));
             }
         }
         if (x.detect_within.is_some() || x.detect_not_before.is_some()) && role.error.is_none() {
-            return Err(at("detection is timed by the `error:` line; set `error:`".into()));
+            return Err(at(
+                "detection is timed by the `error:` line; set `error:`".into()
+            ));
         }
     }
     cycle_free(e)?;
@@ -426,12 +445,18 @@ fn check(e: &Exec, ranks: u32) -> Result<(), Invalid> {
         f.action.check()?;
         if let Some(r) = f.rank {
             if !role.ranks.contains(&r) {
-                return Err(format!("a fault names rank {r}, which is not in role `{}`", f.role).into());
+                return Err(
+                    format!("a fault names rank {r}, which is not in role `{}`", f.role).into(),
+                );
             }
         }
         match &f.at {
             Trigger::Ready if role.ready.is_none() => {
-                return Err(format!("a fault strikes `{}` when ready, but it has no `ready:`", f.role).into())
+                return Err(format!(
+                    "a fault strikes `{}` when ready, but it has no `ready:`",
+                    f.role
+                )
+                .into())
             }
             Trigger::Line(l) => {
                 compile(l)?;
@@ -458,7 +483,11 @@ fn cycle_free(e: &Exec) -> Result<(), Invalid> {
     ) -> Result<(), Invalid> {
         if path.contains(&name) {
             path.push(name);
-            return Err(format!("roles wait for each other in a circle: {}", path.join(" -> ")).into());
+            return Err(format!(
+                "roles wait for each other in a circle: {}",
+                path.join(" -> ")
+            )
+            .into());
         }
         if done.contains(name) {
             return Ok(());
@@ -529,18 +558,27 @@ impl Exec {
     /// Ranks that meet at role `name`'s ready barrier: its own and those that come after it.
     fn ready_members(&self, name: &str) -> Vec<u32> {
         let mut m: Vec<u32> = self.roles[name].ranks.clone();
-        for r in self.roles.values().filter(|r| r.after.iter().any(|d| d == name)) {
+        for r in self
+            .roles
+            .values()
+            .filter(|r| r.after.iter().any(|d| d == name))
+        {
             m.extend(&r.ranks);
         }
         m
     }
 
     fn has_dependents(&self, name: &str) -> bool {
-        self.roles.values().any(|r| r.after.iter().any(|d| d == name))
+        self.roles
+            .values()
+            .any(|r| r.after.iter().any(|d| d == name))
     }
 
     fn all_ranks(&self) -> Vec<u32> {
-        self.roles.values().flat_map(|r| r.ranks.iter().copied()).collect()
+        self.roles
+            .values()
+            .flat_map(|r| r.ranks.iter().copied())
+            .collect()
     }
 
     fn timed(&self) -> bool {
@@ -586,7 +624,11 @@ impl StepKind for Exec {
         // otherwise start its program while its peers still run theirs, and a program that
         // waits for its group with a timeout (a torch or Gloo store) would give up on them.
         ctx.control
-            .barrier_among(&format!("step-{step}-exec-start"), &self.all_ranks(), left())
+            .barrier_among(
+                &format!("step-{step}-exec-start"),
+                &self.all_ranks(),
+                left(),
+            )
             .context("waiting for the step's other ranks to start")?;
         let values = values(ctx, &dir);
         for dep in &role.after {
@@ -600,7 +642,12 @@ impl StepKind for Exec {
         let env = template::fill_map(&role.env, &values).map_err(anyhow::Error::msg)?;
         // Escaped: an argument holding a newline must not forge a line of the rank log.
         let shown: Vec<String> = args.iter().map(|a| printable(a)).collect();
-        log(ctx, name, started, &format!("starting: {} {}", printable(&program), shown.join(" ")));
+        log(
+            ctx,
+            name,
+            started,
+            &format!("starting: {} {}", printable(&program), shown.join(" ")),
+        );
         // Shipped programs (beside wringer) come first; a missing one stays a typed error.
         let path = programs::search_path();
         let resolved = programs::resolve(&program, &path)
@@ -648,7 +695,11 @@ impl StepKind for Exec {
             }
             let now = Instant::now();
             if now >= end {
-                match role.ready.as_ref().filter(|_| watch.record.ready_us.is_none()) {
+                match role
+                    .ready
+                    .as_ref()
+                    .filter(|_| watch.record.ready_us.is_none())
+                {
                     // Its readiness never came: that is the reason, and the roles after it
                     // are released rather than left to fail on the barrier.
                     Some(r) => {
@@ -693,7 +744,11 @@ impl StepKind for Exec {
                     next_exit_check = Instant::now();
                 }
             }
-            if let Some(r) = role.ready.as_ref().filter(|_| watch.record.ready_us.is_none()) {
+            if let Some(r) = role
+                .ready
+                .as_ref()
+                .filter(|_| watch.record.ready_us.is_none())
+            {
                 if Instant::now() >= next_port_check {
                     let ready = if r.listening {
                         next_port_check = Instant::now() + Duration::from_millis(20);
@@ -712,9 +767,15 @@ impl StepKind for Exec {
             if let Some(r) = &role.ready {
                 // Readiness is given up before the step's own end, whatever its timeout says,
                 // so this role (not the roles waiting for it) says why the step failed.
-                let limit = r.timeout.0.min(self.deadline.0.saturating_sub(margin + margin / 2));
+                let limit = r
+                    .timeout
+                    .0
+                    .min(self.deadline.0.saturating_sub(margin + margin / 2));
                 if watch.record.ready_us.is_none() && started.elapsed() > limit {
-                    watch.ended(&format!("not ready within {limit:?}: {}", r.awaited(watch.port)));
+                    watch.ended(&format!(
+                        "not ready within {limit:?}: {}",
+                        r.awaited(watch.port)
+                    ));
                     // Release the roles that wait for this one: they would otherwise wait
                     // out the step, and the reason would be a barrier, not this.
                     if self.has_dependents(name) {
@@ -741,7 +802,12 @@ impl StepKind for Exec {
         }
         let stray = external::end_descendants();
         if stray > 0 {
-            log(ctx, name, started, &format!("ended {stray} processes the program left behind"));
+            log(
+                ctx,
+                name,
+                started,
+                &format!("ended {stray} processes the program left behind"),
+            );
         }
         for l in proc.close_pipes(Duration::from_secs(2)) {
             watch.line(ctx, &l, started);
@@ -759,7 +825,10 @@ impl StepKind for Exec {
                 ctx,
                 name,
                 started,
-                &format!("the log was cut: {} lines past its limit not logged", watch.record.unlogged_lines),
+                &format!(
+                    "the log was cut: {} lines past its limit not logged",
+                    watch.record.unlogged_lines
+                ),
             );
         }
         watch.record.peak_rss_kib = procfs::peak_rss_kib();
@@ -824,9 +893,17 @@ fn values(ctx: &RankContext, dir: &std::path::Path) -> Values {
         iface: interface_of(host).unwrap_or_default(),
         dir: dir.display().to_string(),
         seed: ctx.seed,
-        hosts: ctx.peers.iter().map(|p| p.transport.ip().to_string()).collect(),
+        hosts: ctx
+            .peers
+            .iter()
+            .map(|p| p.transport.ip().to_string())
+            .collect(),
         ports: ctx.peers.iter().map(|p| p.exec_port).collect(),
-        rdma: ctx.peers.iter().map(|p| p.rdma.map(|a| a.to_string())).collect(),
+        rdma: ctx
+            .peers
+            .iter()
+            .map(|p| p.rdma.map(|a| a.to_string()))
+            .collect(),
     }
 }
 
@@ -893,7 +970,13 @@ impl Drop for Watch<'_> {
 }
 
 impl<'a> Watch<'a> {
-    fn new(exec: &'a Exec, name: &'a str, role: &'a Role, rank: u32, port: u16) -> Result<Watch<'a>> {
+    fn new(
+        exec: &'a Exec,
+        name: &'a str,
+        role: &'a Role,
+        rank: u32,
+        port: u16,
+    ) -> Result<Watch<'a>> {
         let re = |r: &Option<String>| r.as_deref().map(Regex::new).transpose();
         let faults = exec
             .faults
@@ -986,10 +1069,14 @@ impl<'a> Watch<'a> {
         if self.record.tail.len() > TAIL_LINES {
             self.record.tail.remove(0);
         }
-        if self.record.departed_us.is_none() && self.departs.as_ref().is_some_and(|r| r.is_match(&l.text)) {
+        if self.record.departed_us.is_none()
+            && self.departs.as_ref().is_some_and(|r| r.is_match(&l.text))
+        {
             self.record.departed_us = Some(wall_us(l.at));
         }
-        if self.record.first_error_us.is_none() && self.error.as_ref().is_some_and(|r| r.is_match(&l.text)) {
+        if self.record.first_error_us.is_none()
+            && self.error.as_ref().is_some_and(|r| r.is_match(&l.text))
+        {
             self.record.first_error_us = Some(wall_us(l.at));
             self.record.first_error = Some(l.text.chars().take(300).collect());
         }
@@ -1011,7 +1098,11 @@ impl<'a> Watch<'a> {
                 f.due = Some(l.at + f.fault.delay.map(|d| d.0).unwrap_or_default());
             }
         }
-        self.record.ready_us.is_none() && self.ready_line.as_ref().is_some_and(|r| r.is_match(&l.text))
+        self.record.ready_us.is_none()
+            && self
+                .ready_line
+                .as_ref()
+                .is_some_and(|r| r.is_match(&l.text))
     }
 
     fn trigger(&mut self, t: &Trigger, at: Instant) {
@@ -1029,9 +1120,18 @@ impl<'a> Watch<'a> {
         ctx.control.point(step, &format!("{}:ready", self.name))?;
         self.trigger(&Trigger::Ready, at);
         if self.exec.has_dependents(self.name) {
-            let limit = self.role.ready.as_ref().map(|r| r.timeout.0).unwrap_or(Duration::from_secs(30));
+            let limit = self
+                .role
+                .ready
+                .as_ref()
+                .map(|r| r.timeout.0)
+                .unwrap_or(Duration::from_secs(30));
             ctx.control
-                .barrier_among(&ready_barrier(step, self.name), &self.exec.ready_members(self.name), limit)
+                .barrier_among(
+                    &ready_barrier(step, self.name),
+                    &self.exec.ready_members(self.name),
+                    limit,
+                )
                 .context("waiting for the roles that come after this one to start")?;
         }
         Ok(())
@@ -1103,12 +1203,11 @@ impl<'a> Watch<'a> {
             // Exiting in time after a fault is judged with the fault's time, by the coordinator.
             (None, _) if x.exit_within.is_some() => {}
             (None, why) => {
-                {
-                    v.push(format!(
-                        "did not exit: {} (killed by the harness)",
-                        why.as_deref().unwrap_or("still running when the others were done")
-                    ));
-                }
+                v.push(format!(
+                    "did not exit: {} (killed by the harness)",
+                    why.as_deref()
+                        .unwrap_or("still running when the others were done")
+                ));
             }
             (Some(exit), _) => {
                 let wanted = match (&x.exit, &x.signal) {
@@ -1125,8 +1224,17 @@ impl<'a> Watch<'a> {
         if self.role.departs.is_some() && self.record.departed_us.is_none() {
             v.push("never announced that it leaves (no line matched `departs`)".into());
         }
-        if let Some(r) = self.role.ready.as_ref().filter(|_| self.record.ready_us.is_none() && !struck) {
-            v.push(format!("{NEVER_READY} within {:?}: {}", r.timeout.0, r.awaited(self.port)));
+        if let Some(r) = self
+            .role
+            .ready
+            .as_ref()
+            .filter(|_| self.record.ready_us.is_none() && !struck)
+        {
+            v.push(format!(
+                "{NEVER_READY} within {:?}: {}",
+                r.timeout.0,
+                r.awaited(self.port)
+            ));
         }
     }
 }
@@ -1158,7 +1266,9 @@ fn first_fault(records: &[Record], faults: &[StruckFault]) -> Option<(u32, Strin
     let departed = records
         .iter()
         .filter_map(|r| r.departed_us.map(|at| (r.rank, "exit".to_string(), at)));
-    let scenario = faults.iter().map(|f| (f.rank, format!("{:?}", f.action), f.at_us));
+    let scenario = faults
+        .iter()
+        .map(|f| (f.rank, format!("{:?}", f.action), f.at_us));
     own.chain(departed).chain(scenario).min_by_key(|f| f.2)
 }
 
@@ -1186,7 +1296,8 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
     for r in &records {
         let who = format!("rank {} ({})", r.rank, r.role);
         for v in &r.violations {
-            out.failures.push(format!("{who}: {v}; its last lines: {}", tail(r)));
+            out.failures
+                .push(format!("{who}: {v}; its last lines: {}", tail(r)));
         }
         if r.unlogged_lines > 0 {
             out.notes.push(format!(
@@ -1196,7 +1307,10 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
             ));
         }
         if let Some(kib) = r.peak_rss_kib {
-            out.notes.push(format!("{who}: rank peak memory {:.1} MiB", kib as f64 / 1024.0));
+            out.notes.push(format!(
+                "{who}: rank peak memory {:.1} MiB",
+                kib as f64 / 1024.0
+            ));
         }
         let Some((victim, action, fault_us)) = fault.clone() else {
             continue;
@@ -1206,11 +1320,15 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
             continue;
         }
         if r.departed_us.is_some() {
-            out.notes.push(format!("{who}: left on purpose ({})", r.exit.as_deref().unwrap_or("exited")));
+            out.notes.push(format!(
+                "{who}: left on purpose ({})",
+                r.exit.as_deref().unwrap_or("exited")
+            ));
             continue;
         }
         if struck_by_scenario(r.rank) {
-            out.notes.push(format!("{who}: struck by the scenario's fault"));
+            out.notes
+                .push(format!("{who}: struck by the scenario's fault"));
             continue;
         }
         let since = |t: Option<u64>| t.map(|t| (t as f64 - fault_us as f64) / 1000.0);
@@ -1225,11 +1343,17 @@ fn reconcile(e: &Exec, reports: &[(u32, &StepReport)], faults: &[StruckFault]) -
         if let Some(t) = exit {
             worst_exit = Some(worst_exit.map_or(t, |w| w.max(t)));
         }
-        let fmt = |v: Option<f64>| v.map(|v| format!("{v:.1} ms")).unwrap_or_else(|| "never".into());
+        let fmt = |v: Option<f64>| {
+            v.map(|v| format!("{v:.1} ms"))
+                .unwrap_or_else(|| "never".into())
+        };
         out.notes.push(format!(
             "{who}: after the {action} of rank {victim}: detect_ms {}{}, exit_ms {} ({})",
             fmt(detect),
-            r.first_error.as_deref().map(|l| format!(" (`{l}`)")).unwrap_or_default(),
+            r.first_error
+                .as_deref()
+                .map(|l| format!(" (`{l}`)"))
+                .unwrap_or_default(),
             fmt(exit),
             r.exit.as_deref().unwrap_or("did not exit")
         ));
@@ -1284,7 +1408,11 @@ fn tail(r: &Record) -> String {
     if r.tail.is_empty() {
         return "(none)".into();
     }
-    r.tail.iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(" / ")
+    r.tail
+        .iter()
+        .map(|l| format!("`{l}`"))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 #[cfg(test)]

@@ -44,7 +44,8 @@ impl StepSpec for ExitBeforeFirstExchange {
             return Err(format!(
                 "exiting_rank {} is not a rank (0..{ranks})",
                 self.exiting_rank
-            ).into());
+            )
+            .into());
         }
         Ok(())
     }
@@ -79,7 +80,10 @@ pub fn exit_before_first_exchange(
         connect_timeout * 5,
     );
     if !departed {
-        anyhow::bail!("rank {exiting} was still accepting connections {:?} after it said it would leave", connect_timeout * 5);
+        anyhow::bail!(
+            "rank {exiting} was still accepting connections {:?} after it said it would leave",
+            connect_timeout * 5
+        );
     }
     let started = Instant::now();
     // Full mesh, lazily: connect to higher ranks, wait for lower ones; all at once.
@@ -167,8 +171,15 @@ mod tests {
 
     #[test]
     fn the_exiting_rank_must_be_one_of_the_group() {
-        let s = accepted("exit-before-first-exchange: { exiting_rank: 3, connect_timeout: 2s, deadline: 30s }", 4);
+        let s = accepted(
+            "exit-before-first-exchange: { exiting_rank: 3, connect_timeout: 2s, deadline: 30s }",
+            4,
+        );
         assert_eq!(s.min_ranks(), 3);
-        assert!(refused("exit-before-first-exchange: { exiting_rank: 4, connect_timeout: 2s, deadline: 30s }", 4).contains("not a rank"));
+        assert!(refused(
+            "exit-before-first-exchange: { exiting_rank: 4, connect_timeout: 2s, deadline: 30s }",
+            4
+        )
+        .contains("not a rank"));
     }
 }

@@ -4,7 +4,6 @@
 //! `fabric: rdma` writes with RDMA WRITE, registering GPU memory through dmabuf where it can
 //! (`gpu_rdma`).
 
-
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
@@ -111,13 +110,20 @@ mod tests {
     #[test]
     fn sizes_iterations_and_the_fabric_are_checked() {
         let base = "sizes: [64], stream_messages: 32, deadline: 60s";
-        assert!(refused(&format!("gpu-pingpong: {{ {base}, iterations: 0 }}"), 2).contains("iterations"));
+        assert!(
+            refused(&format!("gpu-pingpong: {{ {base}, iterations: 0 }}"), 2)
+                .contains("iterations")
+        );
         assert!(refused(
             "gpu-pingpong: { sizes: [], iterations: 50, stream_messages: 32, deadline: 60s }",
             2
         )
         .contains("size"));
-        assert!(refused(&format!("gpu-pingpong: {{ {base}, iterations: 5, fabric: ib }}"), 2).contains("fabric"));
+        assert!(refused(
+            &format!("gpu-pingpong: {{ {base}, iterations: 5, fabric: ib }}"),
+            2
+        )
+        .contains("fabric"));
     }
 
     #[test]

@@ -94,7 +94,9 @@ impl StepSpec for HandoverOrder {
 
 impl StepKind for HandoverOrder {
     fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
-        pair(ctx, self.deadline.0, PATIENCE, |deadline| Reader::new(self, ctx, deadline).run(report))
+        pair(ctx, self.deadline.0, PATIENCE, |deadline| {
+            Reader::new(self, ctx, deadline).run(report)
+        })
     }
 }
 
@@ -115,7 +117,12 @@ fn plan(seed: u64, rounds: u32) -> Vec<(Round, u64)> {
     let mut rng = Seeded::new(seed, 0x4841_4e44);
     let mut out = vec![];
     while out.len() < rounds as usize {
-        let mut block = [Round::Direct, Round::Queued, Round::Handover, Round::Callers];
+        let mut block = [
+            Round::Direct,
+            Round::Queued,
+            Round::Handover,
+            Round::Callers,
+        ];
         for i in (1..block.len()).rev() {
             block.swap(i, rng.range(0, i as u64 + 1) as usize);
         }
@@ -167,7 +174,10 @@ impl<'a> Reader<'a> {
         let rounds = std::mem::take(&mut self.rounds);
         for (i, (kind, frames)) in rounds.iter().enumerate() {
             if Instant::now() >= self.deadline {
-                bail!("only {i} of {} rounds fit in the step deadline", rounds.len());
+                bail!(
+                    "only {i} of {} rounds fit in the step deadline",
+                    rounds.len()
+                );
             }
             let first = self.next;
             let last = first + *frames as usize - 1;
@@ -210,7 +220,12 @@ impl<'a> Reader<'a> {
     }
 
     /// Judge one frame a lone caller received: it must be the next one due.
-    fn take(&mut self, round: &str, got: wringer_transport::Result<wringer_transport::frame::Frame>, s: &Script) {
+    fn take(
+        &mut self,
+        round: &str,
+        got: wringer_transport::Result<wringer_transport::frame::Frame>,
+        s: &Script,
+    ) {
         match got {
             Ok(frame) => {
                 self.delivered += 1;
@@ -256,11 +271,10 @@ impl<'a> Reader<'a> {
         let queued = conn.read_stats().frames_queued;
         d.write_to(d.script.end(last))?;
         let all = (last - first + 1) as u64;
-        if !wait_until(
-            || conn.read_stats().frames_queued >= queued + all,
-            PATIENCE,
-        ) {
-            bail!("the receiver did not queue {all} frames within {PATIENCE:?} while nobody received");
+        if !wait_until(|| conn.read_stats().frames_queued >= queued + all, PATIENCE) {
+            bail!(
+                "the receiver did not queue {all} frames within {PATIENCE:?} while nobody received"
+            );
         }
         for _ in first..=last {
             let got = conn.recv(PATIENCE);
@@ -335,7 +349,9 @@ impl<'a> Reader<'a> {
                             Err(_) => break,
                         }
                     }
-                    seen.lock().unwrap_or_else(|p| p.into_inner()).push((caller, mine));
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((caller, mine));
                 });
             }
             for cut in &cuts {
@@ -396,7 +412,9 @@ mod tests {
             let kinds: BTreeSet<String> = block.iter().map(|(k, _)| format!("{k:?}")).collect();
             assert_eq!(kinds.len(), 4, "{block:?}");
         }
-        assert!(a.iter().all(|(_, n)| (2..=MAX_FRAMES_PER_ROUND).contains(n)));
+        assert!(a
+            .iter()
+            .all(|(_, n)| (2..=MAX_FRAMES_PER_ROUND).contains(n)));
         assert_eq!(a, plan(7, 400), "the same seed makes the same plan");
         assert_ne!(a, plan(8, 400), "another seed another order");
     }

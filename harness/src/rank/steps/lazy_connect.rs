@@ -39,7 +39,8 @@ pub struct LazyConnect {
 }
 
 impl super::Describe for LazyConnect {
-    const ABOUT: &'static str = "Gloo's listener-side cases (timeouts, late sockets, duplicates, shutdown)";
+    const ABOUT: &'static str =
+        "Gloo's listener-side cases (timeouts, late sockets, duplicates, shutdown)";
 }
 
 crate::reach_points! {
@@ -246,10 +247,7 @@ fn listener_side(
         }
     }
     m.insert(SHUTDOWN_WAITERS_FAILED, failed as f64);
-    m.insert(
-        SHUTDOWN_RELEASE_MS,
-        started.elapsed().as_secs_f64() * 1e3,
-    );
+    m.insert(SHUTDOWN_RELEASE_MS, started.elapsed().as_secs_f64() * 1e3);
     // The three waits were pending when it shut down (or the step bailed above).
     report.reach(SHUTDOWN_WITH_WAITERS_PENDING);
     b("done")?;
@@ -270,10 +268,7 @@ pub(super) fn wait_out(
         LISTENER_TIMEOUT_FIRED,
         matches!(r, Err(Error::Timeout { .. })) as u8 as f64,
     );
-    m.insert(
-        LISTENER_TIMEOUT_MS,
-        started.elapsed().as_secs_f64() * 1e3,
-    );
+    m.insert(LISTENER_TIMEOUT_MS, started.elapsed().as_secs_f64() * 1e3);
     r
 }
 

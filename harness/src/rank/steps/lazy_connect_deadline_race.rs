@@ -73,7 +73,8 @@ impl std::fmt::Display for Seen {
 }
 
 impl super::Describe for LazyConnectDeadlineRace {
-    const ABOUT: &'static str = "hundreds of connects across the wait's deadline; both sides must agree on each";
+    const ABOUT: &'static str =
+        "hundreds of connects across the wait's deadline; both sides must agree on each";
 }
 
 crate::reach_points! {
@@ -87,27 +88,28 @@ impl StepSpec for LazyConnectDeadlineRace {
     }
 
     fn metrics(&self) -> &'static [Metric] {
-        &[
-            ATTEMPTS,
-            BOTH_CONNECTED,
-            NEITHER_CONNECTED,
-            DISAGREEMENTS,
-        ]
+        &[ATTEMPTS, BOTH_CONNECTED, NEITHER_CONNECTED, DISAGREEMENTS]
     }
 
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         if !(1..=MAX_ATTEMPTS).contains(&self.attempts) {
-            return Err(format!("attempts must be 1..={MAX_ATTEMPTS}, got {}", self.attempts).into());
+            return Err(
+                format!("attempts must be 1..={MAX_ATTEMPTS}, got {}", self.attempts).into(),
+            );
         }
         if self.spread.0 >= self.wait_timeout.0 {
-            return Err("spread must be shorter than wait_timeout (connects land around the deadline)".into());
+            return Err(
+                "spread must be shorter than wait_timeout (connects land around the deadline)"
+                    .into(),
+            );
         }
         let needed = (self.wait_timeout.0 * 2 + Duration::from_millis(5)) * self.attempts;
         if needed >= self.deadline.0 {
             return Err(format!(
                 "{} attempts need up to {needed:?}; the step deadline is {:?}",
                 self.attempts, self.deadline.0
-            ).into());
+            )
+            .into());
         }
         Ok(())
     }
@@ -145,8 +147,8 @@ impl StepKind for LazyConnectDeadlineRace {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
-                let offset = (rng % (2 * spread.as_micros() as u64 + 1)) as i64
-                    - spread.as_micros() as i64;
+                let offset =
+                    (rng % (2 * spread.as_micros() as u64 + 1)) as i64 - spread.as_micros() as i64;
                 let at = wait.as_micros() as i64 + offset;
                 std::thread::sleep(Duration::from_micros(at.max(0) as u64));
                 initiate(ctx, sequence, PROOF_LIMIT)
@@ -263,10 +265,13 @@ mod tests {
         use Seen::*;
         let listener = report(&[Connected, TimedOut, TimedOut, TimedOut]);
         let initiator = report(&[Connected, Refused, Connected, silent()]);
-        let Reconciled { metrics: m, notes, .. } =
-            step().reconcile(&[(0, &listener), (1, &initiator)], &[]);
+        let Reconciled {
+            metrics: m, notes, ..
+        } = step().reconcile(&[(0, &listener), (1, &initiator)], &[]);
         assert_eq!(notes.len(), 2);
-        assert!(notes[0].starts_with("attempt 2: the listener saw timed-out, the initiator connected"));
+        assert!(
+            notes[0].starts_with("attempt 2: the listener saw timed-out, the initiator connected")
+        );
         assert_eq!(
             m,
             vec![
@@ -288,7 +293,9 @@ mod tests {
     fn an_outcome_that_does_not_parse_is_a_failure_not_a_dropped_attempt() {
         let listener = report(&[Seen::Connected]);
         let mut initiator = report(&[Seen::Connected]);
-        initiator.outcomes.push(serde_json::json!({"outcome": "teleported"}));
+        initiator
+            .outcomes
+            .push(serde_json::json!({"outcome": "teleported"}));
         let r = step().reconcile(&[(0, &listener), (1, &initiator)], &[]);
         assert!(r.metrics.is_empty());
         assert_eq!(r.failures.len(), 1, "{r:?}");

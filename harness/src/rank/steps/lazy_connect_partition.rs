@@ -108,8 +108,15 @@ mod tests {
 
     #[test]
     fn the_partition_point_is_declared_for_the_link_cut() {
-        let s = accepted("lazy-connect-partition: { wait_timeout: 2s, connect_deadline: 2s, deadline: 30s }", 2);
+        let s = accepted(
+            "lazy-connect-partition: { wait_timeout: 2s, connect_deadline: 2s, deadline: 30s }",
+            2,
+        );
         assert_eq!(s.points(), vec![PARTITIONED.to_string()]);
-        assert!(refused("lazy-connect-partition: { wait_timeout: 2s, deadline: 30s }", 2).contains("connect_deadline"));
+        assert!(refused(
+            "lazy-connect-partition: { wait_timeout: 2s, deadline: 30s }",
+            2
+        )
+        .contains("connect_deadline"));
     }
 }

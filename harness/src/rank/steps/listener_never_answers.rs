@@ -3,8 +3,8 @@
 //! connect must fail within its connect deadline, with the typed error the case demands, every
 //! time (the Gloo review's 1a: the initiator's backstop).
 
-use crate::model::invalid::Invalid;
 use super::support::{CASES, CASES_LATE, SLOWEST_CASE_MS};
+use crate::model::invalid::Invalid;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
@@ -77,7 +77,8 @@ impl Case {
 const HELLO_READ: &str = "hello-read";
 
 impl super::Describe for ListenerNeverAnswers {
-    const ABOUT: &'static str = "an adversarial listener stays silent, half answers or closes (or its link is cut)";
+    const ABOUT: &'static str =
+        "an adversarial listener stays silent, half answers or closes (or its link is cut)";
 }
 
 impl StepSpec for ListenerNeverAnswers {
@@ -86,12 +87,7 @@ impl StepSpec for ListenerNeverAnswers {
     }
 
     fn metrics(&self) -> &'static [Metric] {
-        &[
-            CASES,
-            CASES_MISCLASSIFIED,
-            CASES_LATE,
-            SLOWEST_CASE_MS,
-        ]
+        &[CASES, CASES_MISCLASSIFIED, CASES_LATE, SLOWEST_CASE_MS]
     }
 
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
@@ -99,14 +95,17 @@ impl StepSpec for ListenerNeverAnswers {
             return Err(format!("rounds must be 1..={MAX_ROUNDS}, got {}", self.rounds).into());
         }
         if self.cut_link_after_hello && self.rounds != 1 {
-            return Err("with cut_link_after_hello there is one round (a cut link stays cut)".into());
+            return Err(
+                "with cut_link_after_hello there is one round (a cut link stays cut)".into(),
+            );
         }
         let needed = (self.connect_deadline.0 + SLACK) * 3 * self.rounds;
         if needed >= self.deadline.0 {
             return Err(format!(
                 "{} rounds of 3 cases need up to {needed:?}; the step deadline is {:?}",
                 self.rounds, self.deadline.0
-            ).into());
+            )
+            .into());
         }
         Ok(())
     }

@@ -5,8 +5,8 @@
 //! counts at a cut only once the transport has read exactly the bytes up to it: the deadline
 //! then expired inside the frame, not before it.
 
+use super::support::FRAMES_INTACT;
 use crate::model::invalid::Invalid;
-use super::support::{FRAMES_INTACT};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -84,9 +84,7 @@ impl StepSpec for MidFrameDeadlines {
         in_range("header_cuts", self.header_cuts, 0, MAX_HEADER_CUTS)?;
         in_range("payload_cuts", self.payload_cuts, 0, MAX_PAYLOAD_CUTS)?;
         if self.recv_timeout.0.is_zero() || self.recv_timeout.0 > PATIENCE {
-            return Err(format!(
-                "recv_timeout must be above 0 and at most {PATIENCE:?}"
-            ).into());
+            return Err(format!("recv_timeout must be above 0 and at most {PATIENCE:?}").into());
         }
         Ok(())
     }
@@ -94,7 +92,9 @@ impl StepSpec for MidFrameDeadlines {
 
 impl StepKind for MidFrameDeadlines {
     fn run(&self, ctx: &RankContext, _step: usize, report: &mut StepReport) -> Result<()> {
-        pair(ctx, self.deadline.0, PATIENCE, |deadline| self.read(ctx, deadline, report))
+        pair(ctx, self.deadline.0, PATIENCE, |deadline| {
+            self.read(ctx, deadline, report)
+        })
     }
 }
 
@@ -150,7 +150,10 @@ impl MidFrameDeadlines {
         let (mut in_header, mut in_payload) = (0u64, 0u64);
         'frames: for i in 0..d.script.frames() {
             if Instant::now() >= deadline {
-                bail!("only {i} of {} frames fit in the step deadline", self.frames);
+                bail!(
+                    "only {i} of {} frames fit in the step deadline",
+                    self.frames
+                );
             }
             for (cut, within) in self.cuts(&d.script, i, &mut rng) {
                 d.write_to(cut)?;

@@ -149,7 +149,9 @@ fn tcp_mesh(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepRepor
     let (mut pairs_verified, mut mismatches) = (0u32, 0u32);
     for partner in schedule(ctx.rank, ctx.ranks) {
         let Some(partner) = partner else { continue };
-        let conn = conns.get_mut(&partner).context("no connection to a partner")?;
+        let conn = conns
+            .get_mut(&partner)
+            .context("no connection to a partner")?;
         let (low, high) = (ctx.rank.min(partner) as u64, ctx.rank.max(partner) as u64);
         let seen = ping_pong(conn, ctx.rank < partner, p, ctx.seed, |size, it| {
             low << 48 | high << 32 | (size as u64) << 8 | it as u64
@@ -163,12 +165,8 @@ fn tcp_mesh(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepRepor
     for c in conns.values() {
         c.close()?;
     }
-    report
-        .metrics
-        .insert(PAIRS_VERIFIED, pairs_verified as f64);
-    report
-        .metrics
-        .insert(DATA_MISMATCHES, mismatches as f64);
+    report.metrics.insert(PAIRS_VERIFIED, pairs_verified as f64);
+    report.metrics.insert(DATA_MISMATCHES, mismatches as f64);
     for (size, v) in samples {
         report.sample(Series::Latency, size as u64, v);
     }
@@ -221,10 +219,12 @@ fn write_pingpong(
     for &size in &p.sizes {
         let mut samples = vec![];
         for it in 0..p.iterations {
-            let expected = pattern(ctx.seed, (size as u64) << 20 | it as u64 | 1 << 60, size as usize);
-            let written = |got: &Received| {
-                matches!(got, Received::Written { imm, data } if *imm == it && *data == expected)
-            };
+            let expected = pattern(
+                ctx.seed,
+                (size as u64) << 20 | it as u64 | 1 << 60,
+                size as usize,
+            );
+            let written = |got: &Received| matches!(got, Received::Written { imm, data } if *imm == it && *data == expected);
             if ctx.rank == 1 {
                 let started = Instant::now();
                 c.write_imm(&expected, it, deadline)?;
@@ -440,7 +440,10 @@ mod tests {
 
     #[test]
     fn the_fabric_decides_what_is_recorded() {
-        let tcp = accepted("pingpong: { sizes: [64, 4096], iterations: 20, deadline: 90s }", 8);
+        let tcp = accepted(
+            "pingpong: { sizes: [64, 4096], iterations: 20, deadline: 90s }",
+            8,
+        );
         assert_eq!(tcp.series(), &[Series::Latency]);
         assert_eq!(tcp.points(), vec!["mesh-ready".to_string()]);
         let rdma = accepted(
@@ -458,8 +461,15 @@ mod tests {
             "SEND copying, WRITE with immediate, region WRITE, SEND in place"
         );
         assert!(rdma.metrics().iter().any(|m| m.as_str() == "rdma_messages"));
-        assert!(refused("pingpong: { sizes: [64], iterations: 0, deadline: 90s }", 2).contains("iterations"));
-        assert!(refused("pingpong: { fabric: ib, sizes: [64], iterations: 1, deadline: 9s }", 2).contains("fabric"));
+        assert!(
+            refused("pingpong: { sizes: [64], iterations: 0, deadline: 90s }", 2)
+                .contains("iterations")
+        );
+        assert!(refused(
+            "pingpong: { fabric: ib, sizes: [64], iterations: 1, deadline: 9s }",
+            2
+        )
+        .contains("fabric"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! rdma-graceful-shutdown: rank 0 runs the DAQIRI-shaped RDMA server (worker per connection, stats thread); rank 1 connects, exchanges `messages` and disconnects, `connections` times; then the server shuts down gracefully.
 
-use crate::model::invalid::Invalid;
 use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_DATA_MISMATCHES, RDMA_SHUTDOWN_MS};
+use crate::model::invalid::Invalid;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,8 @@ pub struct RdmaGracefulShutdown {
 }
 
 impl super::Describe for RdmaGracefulShutdown {
-    const ABOUT: &'static str = "DAQIRI-shaped server: workers joined, pool returned, stats thread live";
+    const ABOUT: &'static str =
+        "DAQIRI-shaped server: workers joined, pool returned, stats thread live";
 }
 
 crate::reach_points! {
@@ -76,8 +77,13 @@ impl StepSpec for RdmaGracefulShutdown {
     fn check(&self, _ranks: u32) -> Result<(), Invalid> {
         super::in_range("connections", self.connections, 1, 1000)?;
         super::in_range("messages", self.messages, 0, super::MAX_COUNT)?;
-        if self.worker_drain.is_some_and(|d| d.0 > Duration::from_secs(10)) {
-            return Err("worker_drain must be at most 10s (each of the connections waits it out)".into());
+        if self
+            .worker_drain
+            .is_some_and(|d| d.0 > Duration::from_secs(10))
+        {
+            return Err(
+                "worker_drain must be at most 10s (each of the connections waits it out)".into(),
+            );
         }
         Ok(())
     }
@@ -121,10 +127,7 @@ pub fn graceful_shutdown(
         let started = Instant::now();
         let stats = server.shutdown();
         let m = &mut report.metrics;
-        m.insert(
-            RDMA_SHUTDOWN_MS,
-            started.elapsed().as_secs_f64() * 1e3,
-        );
+        m.insert(RDMA_SHUTDOWN_MS, started.elapsed().as_secs_f64() * 1e3);
         m.insert(RDMA_CONNECTIONS_SERVED, served.len() as f64);
         m.insert(RDMA_WORKERS_JOINED, stats.workers_joined as f64);
         m.insert(RDMA_POOL_LEAKED, (pool - stats.pool_free) as f64);
@@ -138,7 +141,10 @@ pub fn graceful_shutdown(
             RDMA_WORKER_EXIT_MS,
             stats.max_worker_exit.as_secs_f64() * 1e3,
         );
-        report.reach_times(STATS_SAMPLED_DURING_A_JOIN, stats.stats_samples_during_joins);
+        report.reach_times(
+            STATS_SAMPLED_DURING_A_JOIN,
+            stats.stats_samples_during_joins,
+        );
         report.notes.push(format!(
             "server: {stats:?}; every worker's buffers came back after its join: {}",
             served.iter().all(|s| s.buffers_returned_after_join)
@@ -174,7 +180,12 @@ mod tests {
         let yaml = "rdma-graceful-shutdown: { connections: 10, messages: 5, stats_period: 5ms, worker_drain: 500ms, deadline: 240s }";
         let s = accepted(yaml, 2);
         assert!(s.metrics().contains(&RDMA_STATS_MAX_LOCK_WAIT_MS));
-        assert!(refused(&yaml.replace("connections: 10", "connections: 0"), 2).contains("connections"));
-        assert!(refused(&yaml.replace("worker_drain: 500ms", "worker_drain: 11s"), 2).contains("worker_drain"));
+        assert!(
+            refused(&yaml.replace("connections: 10", "connections: 0"), 2).contains("connections")
+        );
+        assert!(
+            refused(&yaml.replace("worker_drain: 500ms", "worker_drain: 11s"), 2)
+                .contains("worker_drain")
+        );
     }
 }

@@ -38,10 +38,7 @@ impl StepSpec for RdmaInterfaceIndex {
     }
 
     fn metrics(&self) -> &'static [Metric] {
-        &[
-            RDMA_INTERFACES_SERVED,
-            RDMA_INTERFACE_MISMATCHES,
-        ]
+        &[RDMA_INTERFACES_SERVED, RDMA_INTERFACE_MISMATCHES]
     }
 }
 
@@ -125,7 +122,13 @@ mod tests {
     #[test]
     fn the_interfaces_served_and_mismatches_are_declared() {
         let s = accepted("rdma-interface-index: { deadline: 60s }", 2);
-        assert_eq!(s.metrics(), &[RDMA_INTERFACES_SERVED, RDMA_INTERFACE_MISMATCHES]);
-        assert!(refused("rdma-interface-index: { deadline: 60s, interfaces: 3 }", 2).contains("unknown field"));
+        assert_eq!(
+            s.metrics(),
+            &[RDMA_INTERFACES_SERVED, RDMA_INTERFACE_MISMATCHES]
+        );
+        assert!(
+            refused("rdma-interface-index: { deadline: 60s, interfaces: 3 }", 2)
+                .contains("unknown field")
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! rdma-interop-rc-pingpong: rank 0 plays ping-pong with rdma-core's `ibv_rc_pingpong` on this host, in both roles, speaking its out-of-band exchange.
 
+use super::rdma_support::RDMA_COMPLETION_ERRORS;
 use crate::model::invalid::Invalid;
-use super::rdma_support::{RDMA_COMPLETION_ERRORS};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -40,11 +40,7 @@ impl StepSpec for RdmaInteropRcPingpong {
     }
 
     fn metrics(&self) -> &'static [Metric] {
-        &[
-            INTEROP_AS_CLIENT,
-            INTEROP_AS_SERVER,
-            RDMA_COMPLETION_ERRORS,
-        ]
+        &[INTEROP_AS_CLIENT, INTEROP_AS_SERVER, RDMA_COMPLETION_ERRORS]
     }
 
     fn min_ranks(&self) -> u32 {
@@ -158,9 +154,7 @@ pub fn interop(
         };
         report.metrics.insert(metric, ok as u8 as f64);
     }
-    report
-        .metrics
-        .insert(RDMA_COMPLETION_ERRORS, errors as f64);
+    report.metrics.insert(RDMA_COMPLETION_ERRORS, errors as f64);
     Ok(())
 }
 
@@ -171,9 +165,20 @@ mod tests {
 
     #[test]
     fn one_rank_plays_both_roles_with_checked_sizes() {
-        let s = accepted("rdma-interop-rc-pingpong: { size: 4096, iterations: 100, deadline: 60s }", 1);
+        let s = accepted(
+            "rdma-interop-rc-pingpong: { size: 4096, iterations: 100, deadline: 60s }",
+            1,
+        );
         assert_eq!(s.min_ranks(), 1);
-        assert!(refused("rdma-interop-rc-pingpong: { size: 0, iterations: 100, deadline: 60s }", 1).contains("size"));
-        assert!(refused("rdma-interop-rc-pingpong: { size: 64, iterations: 0, deadline: 60s }", 1).contains("iterations"));
+        assert!(refused(
+            "rdma-interop-rc-pingpong: { size: 0, iterations: 100, deadline: 60s }",
+            1
+        )
+        .contains("size"));
+        assert!(refused(
+            "rdma-interop-rc-pingpong: { size: 64, iterations: 0, deadline: 60s }",
+            1
+        )
+        .contains("iterations"));
     }
 }

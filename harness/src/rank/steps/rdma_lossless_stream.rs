@@ -1,7 +1,9 @@
 //! rdma-lossless-stream: rank 1 SENDs `messages` messages of `size` bytes to rank 0, which counts and checks them.
 
+use super::rdma_support::{
+    RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_TX_MESSAGES, RETRY_EXC_ERR,
+};
 use crate::model::invalid::Invalid;
-use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_TX_MESSAGES, RETRY_EXC_ERR};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -102,9 +104,7 @@ pub fn stream(
                 other => bail!("unexpected {other:?} in a SEND stream"),
             }
         }
-        report
-            .metrics
-            .insert(RDMA_RX_MESSAGES, received as f64);
+        report.metrics.insert(RDMA_RX_MESSAGES, received as f64);
         report.metrics.insert(RDMA_RX_BYTES, bytes as f64);
         report
             .metrics
@@ -123,8 +123,15 @@ mod tests {
 
     #[test]
     fn message_sizes_are_bounded() {
-        let s = accepted("rdma-lossless-stream: { messages: 300, size: 4096, deadline: 90s }", 2);
+        let s = accepted(
+            "rdma-lossless-stream: { messages: 300, size: 4096, deadline: 90s }",
+            2,
+        );
         assert!(s.metrics().contains(&RDMA_DROPPED));
-        assert!(refused("rdma-lossless-stream: { messages: 300, size: 33554432, deadline: 90s }", 2).contains("size"));
+        assert!(refused(
+            "rdma-lossless-stream: { messages: 300, size: 33554432, deadline: 90s }",
+            2
+        )
+        .contains("size"));
     }
 }

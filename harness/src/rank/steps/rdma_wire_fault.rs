@@ -132,7 +132,9 @@ impl StepKind for RdmaWireFault {
             Some((device, _, _)) => match PortEvents::watch(&device) {
                 Ok(w) => Some(w),
                 Err(e) => {
-                    report.notes.push(format!("no async events from {device}: {e}"));
+                    report
+                        .notes
+                        .push(format!("no async events from {device}: {e}"));
                     None
                 }
             },
@@ -165,7 +167,11 @@ impl StepKind for RdmaWireFault {
                 "rank {} async events on {} (ms after reaching the fault's point): {}",
                 ctx.rank,
                 w.device(),
-                if all.is_empty() { "none".into() } else { all.join(", ") }
+                if all.is_empty() {
+                    "none".into()
+                } else {
+                    all.join(", ")
+                }
             ));
             if let Some(first) = errs.first() {
                 report.metrics.insert(PORT_ERR_EVENTS, errs.len() as f64);
@@ -205,9 +211,7 @@ impl RdmaWireFault {
         let bound = ack.and_then(|a| a.retry_bound());
         match (ack, bound) {
             (Some(a), Some(b)) => {
-                report
-                    .metrics
-                    .insert(RETRY_BOUND_MS, b.as_secs_f64() * 1e3);
+                report.metrics.insert(RETRY_BOUND_MS, b.as_secs_f64() * 1e3);
                 report.notes.push(format!(
                     "sender QP: timeout {} ({:.1} ms per ACK wait) x (retry_cnt {} + 1) = retry bound {:.0} ms, grace {:.0} ms",
                     a.timeout,
@@ -333,7 +337,9 @@ impl RdmaWireFault {
                     }
                 }
             }
-            let barrier = waiter.join().unwrap_or_else(|_| bail!("the barrier waiter panicked"));
+            let barrier = waiter
+                .join()
+                .unwrap_or_else(|_| bail!("the barrier waiter panicked"));
             match error {
                 Some(e) => Err(e),
                 None => barrier,

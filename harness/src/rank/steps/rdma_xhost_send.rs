@@ -1,7 +1,9 @@
 //! rdma-xhost-send: DAQIRI #113 across hosts: rank 0 runs the RDMA server for `server_seconds`, rank 1 (on the other host) SENDs `messages` and receives every echo; then the server's timer ends it.
 
+use super::rdma_support::{
+    RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_SHUTDOWN_MS, RDMA_TX_MESSAGES, RETRY_EXC_ERR,
+};
 use crate::model::invalid::Invalid;
-use super::rdma_support::{RDMA_COMPLETION_ERRORS, RDMA_RX_MESSAGES, RDMA_SHUTDOWN_MS, RDMA_TX_MESSAGES, RETRY_EXC_ERR};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -157,8 +159,15 @@ mod tests {
 
     #[test]
     fn every_send_is_counted_and_the_count_is_bounded() {
-        let s = accepted("rdma-xhost-send: { messages: 50, server_seconds: 5s, deadline: 200s }", 2);
+        let s = accepted(
+            "rdma-xhost-send: { messages: 50, server_seconds: 5s, deadline: 200s }",
+            2,
+        );
         assert!(s.metrics().contains(&RDMA_ECHOES));
-        assert!(refused("rdma-xhost-send: { messages: 0, server_seconds: 5s, deadline: 200s }", 2).contains("messages"));
+        assert!(refused(
+            "rdma-xhost-send: { messages: 0, server_seconds: 5s, deadline: 200s }",
+            2
+        )
+        .contains("messages"));
     }
 }

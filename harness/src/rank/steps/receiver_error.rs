@@ -66,13 +66,11 @@ pub fn receiver_error(
             }
             let send = conn.send(b"after the failure", deadline);
             let flush = conn.flush(deadline);
-            let saw = |r: &wringer_transport::Result<()>| matches!(r, Err(Error::Receiver(_))) as u8 as f64;
-            report
-                .metrics
-                .insert(SEND_SAW_RECEIVER_ERROR, saw(&send));
-            report
-                .metrics
-                .insert(FLUSH_SAW_RECEIVER_ERROR, saw(&flush));
+            let saw = |r: &wringer_transport::Result<()>| {
+                matches!(r, Err(Error::Receiver(_))) as u8 as f64
+            };
+            report.metrics.insert(SEND_SAW_RECEIVER_ERROR, saw(&send));
+            report.metrics.insert(FLUSH_SAW_RECEIVER_ERROR, saw(&flush));
             report
                 .notes
                 .push(format!("receiver ended: {:?}", conn.terminal()));
@@ -95,7 +93,10 @@ mod tests {
     #[test]
     fn send_and_flush_each_declare_what_they_saw() {
         let s = accepted("receiver-error: { deadline: 30s }", 2);
-        assert_eq!(s.metrics(), &[SEND_SAW_RECEIVER_ERROR, FLUSH_SAW_RECEIVER_ERROR]);
+        assert_eq!(
+            s.metrics(),
+            &[SEND_SAW_RECEIVER_ERROR, FLUSH_SAW_RECEIVER_ERROR]
+        );
         assert!(refused("receiver-error: { }", 2).contains("deadline"));
     }
 }

@@ -1,6 +1,5 @@
 //! stall: do nothing for `duration`. A harness self-test for the watchdog.
 
-
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 

@@ -1,7 +1,7 @@
 //! teardown-cycles: rank 1 connects to rank 0, both receivers block, rank 0 tears down; `cycles` times (the MSCCL++ validation across two processes).
 
-use crate::model::invalid::Invalid;
 use super::support::{CYCLES, FD_DELTA, SHUTDOWN_P99_MS, THREAD_DELTA};
+use crate::model::invalid::Invalid;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -24,7 +24,6 @@ crate::declare_metrics! {
     pub CLOSER_NOT_LOCAL_SHUTDOWN = "closer_not_local_shutdown", Count, Lower;
 }
 
-
 crate::reach_points! {
     pub CLOSED_WITH_RECEIVER_BLOCKED = "closed-with-receiver-blocked",
         "rank 0 tore a connection down while its receiver thread was blocked in recv on it (the MSCCL++ race window)";
@@ -38,7 +37,8 @@ pub struct TeardownCycles {
 }
 
 impl super::Describe for TeardownCycles {
-    const ABOUT: &'static str = "MSCCL++ teardown: receivers blocked in recv, ordered close, fd and thread counts";
+    const ABOUT: &'static str =
+        "MSCCL++ teardown: receivers blocked in recv, ordered close, fd and thread counts";
 }
 
 impl StepSpec for TeardownCycles {
@@ -134,9 +134,9 @@ pub fn run(
             other if ctx.rank == 0 => {
                 not_local += 1;
                 if not_local <= 3 {
-                    report
-                        .notes
-                        .push(format!("cycle {i}: the closing side's receiver ended {other:?}"));
+                    report.notes.push(format!(
+                        "cycle {i}: the closing side's receiver ended {other:?}"
+                    ));
                 }
             }
             _ => {}
@@ -173,6 +173,9 @@ mod tests {
         let s = accepted("teardown-cycles: { cycles: 2500, deadline: 150s }", 2);
         assert!(s.metrics().contains(&EBADF));
         assert!(refused("teardown-cycles: { cycles: 0, deadline: 150s }", 2).contains("cycles"));
-        assert!(refused("teardown-cycles: { cycles: 4000000000, deadline: 150s }", 2).contains("cycles"));
+        assert!(
+            refused("teardown-cycles: { cycles: 4000000000, deadline: 150s }", 2)
+                .contains("cycles")
+        );
     }
 }

@@ -21,6 +21,7 @@ pub(crate) struct Kernels {
 // SAFETY: module and function handles are plain driver handles, valid in any thread once the
 // owning context is current; every use below binds the context first.
 unsafe impl Send for Kernels {}
+// SAFETY: as for Send: the handles are shared read-only, and each use binds the context first.
 unsafe impl Sync for Kernels {}
 
 impl Kernels {

@@ -70,6 +70,7 @@ fn hiprtc() -> Result<&'static Hiprtc> {
             // and stays valid while `_library`, owned by the same table, is loaded.
             macro_rules! sym {
                 ($name:literal) => {
+                    // SAFETY: see above (the signature is hiprtc.h's; `lib` outlives the symbol).
                     match unsafe { lib.get($name) } {
                         Ok(s) => *s,
                         Err(e) => {

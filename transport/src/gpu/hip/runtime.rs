@@ -145,6 +145,7 @@ impl Runtime {
         // stays valid while `library` is loaded, and the table owns `library`.
         macro_rules! sym {
             ($name:literal) => {
+                // SAFETY: see above (hip_runtime_api.h's signature; the table owns `library`).
                 *unsafe { library.get($name) }.map_err(|e| {
                     format!(
                         "{}: {e}",

@@ -42,7 +42,9 @@ fn what_is_wrong_with_a_step_is_named() {
     let typo = PAIR.replace("{addr:0}", "{adr:0}");
     assert!(refused(&typo, 2).contains("unknown placeholder `{adr:0}`"));
     // Waiting for a role that is never ready, or for one that does not exist.
-    let unready = PAIR.replace("    ready: { listening: true }\n", "").replace("at: ready", "at: started");
+    let unready = PAIR
+        .replace("    ready: { listening: true }\n", "")
+        .replace("at: ready", "at: started");
     assert!(refused(&unready, 2).contains("has no `ready:`"));
     let ghost = PAIR.replace("after: [server]", "after: [sever]");
     assert!(refused(&ghost, 2).contains("`sever`, which is not a role"));
@@ -59,8 +61,15 @@ fn what_is_wrong_with_a_step_is_named() {
 fn roles_that_wait_for_each_other_in_a_circle_are_refused() {
     let circle = PAIR
         .replace("program: srv", "program: srv\n    after: [client]")
-        .replace("    error: \"^error\"\n", "    error: \"^error\"\n    ready: { line: up }\n");
-    assert!(refused(&circle, 2).contains("in a circle"), "{}", refused(&circle, 2));
+        .replace(
+            "    error: \"^error\"\n",
+            "    error: \"^error\"\n    ready: { line: up }\n",
+        );
+    assert!(
+        refused(&circle, 2).contains("in a circle"),
+        "{}",
+        refused(&circle, 2)
+    );
 }
 
 #[test]
@@ -79,9 +88,15 @@ fn only_output_metrics_can_be_read_from_output() {
 
 #[test]
 fn json_lines_are_read_leniently() {
-    assert_eq!(json_number(r#"{"lat": {"avg": 1.5}}"#, "lat.avg"), Some(1.5));
+    assert_eq!(
+        json_number(r#"{"lat": {"avg": 1.5}}"#, "lat.avg"),
+        Some(1.5)
+    );
     // perftest 4.5's --out_json: bare keys.
-    assert_eq!(json_number("{ BW_average: 9.25, MsgRate: \"3\" }", "BW_average"), Some(9.25));
+    assert_eq!(
+        json_number("{ BW_average: 9.25, MsgRate: \"3\" }", "BW_average"),
+        Some(9.25)
+    );
     assert_eq!(json_number("{ MsgRate: \"3\" }", "MsgRate"), Some(3.0));
     assert_eq!(json_number("not json", "x"), None);
     assert_eq!(json_number("{\"x\": true}", "x"), None);
@@ -124,7 +139,10 @@ fn detection_and_exit_are_timed_from_the_victims_fault_per_survivor() {
     let r = judge(&[server, client]);
     assert_eq!(r.failures, Vec::<String>::new());
     assert_eq!(r.metrics, vec![(DETECT_MS, 6.0), (super::EXIT_MS, 7.5)]);
-    assert!(r.notes.iter().any(|n| n.contains("rank 1 (client)") && n.contains("detect_ms 6.0 ms")));
+    assert!(r
+        .notes
+        .iter()
+        .any(|n| n.contains("rank 1 (client)") && n.contains("detect_ms 6.0 ms")));
 }
 
 #[test]
@@ -152,8 +170,14 @@ fn late_detection_and_rank_local_violations_fail() {
     client.exit = Some("exit 1".into());
     let r = judge(&[server, client]);
     assert_eq!(r.failures.len(), 2, "{:?}", r.failures);
-    assert!(r.failures.iter().any(|f| f.contains("rank 0 (server): ended with exit 0")));
-    assert!(r.failures.iter().any(|f| f.contains("after 2500.0 ms, over the 2s allowed")));
+    assert!(r
+        .failures
+        .iter()
+        .any(|f| f.contains("rank 0 (server): ended with exit 0")));
+    assert!(r
+        .failures
+        .iter()
+        .any(|f| f.contains("after 2500.0 ms, over the 2s allowed")));
 }
 
 #[test]
@@ -184,19 +208,28 @@ fn a_scenario_fault_on_another_host_times_the_survivors_too() {
     let r = reconcile(&parse(PAIR), &pairs, &struck);
     assert_eq!(r.failures, Vec::<String>::new());
     assert_eq!(r.metrics, vec![(DETECT_MS, 40.0), (super::EXIT_MS, 50.0)]);
-    assert!(r.notes[0].contains("after the HostKill of rank 0"), "{:?}", r.notes);
+    assert!(
+        r.notes[0].contains("after the HostKill of rank 0"),
+        "{:?}",
+        r.notes
+    );
 }
 
 #[test]
 fn a_host_level_role_fault_becomes_a_scenario_fault_at_each_rank_point() {
     let y = PAIR
-        .replace("action: sigkill, at: ready", "action: host-kill, at: { line: up }")
+        .replace(
+            "action: sigkill, at: ready",
+            "action: host-kill, at: { line: up }",
+        )
         .replace("ranks: [0]", "ranks: [0, 2]");
     let e = parse(&y);
     assert_eq!(e.check(3), Ok(()));
     let faults = e.faults(4);
-    let got: Vec<(u32, String, FaultAction)> =
-        faults.iter().map(|f| (f.rank, f.at.clone(), f.action)).collect();
+    let got: Vec<(u32, String, FaultAction)> = faults
+        .iter()
+        .map(|f| (f.rank, f.at.clone(), f.action))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -211,8 +244,13 @@ fn a_host_level_role_fault_becomes_a_scenario_fault_at_each_rank_point() {
 #[test]
 fn readiness_is_exactly_one_of_a_port_a_line_or_a_command() {
     let with = |ready: &str| PAIR.replace("ready: { listening: true }", ready);
-    assert_eq!(parse(&with("ready: { command: [sh, -c, \"true\", \"{port}\"] }")).check(2), Ok(()));
-    assert!(refused(&with("ready: { command: [sh, \"{prot}\"] }"), 2).contains("unknown placeholder"));
+    assert_eq!(
+        parse(&with("ready: { command: [sh, -c, \"true\", \"{port}\"] }")).check(2),
+        Ok(())
+    );
+    assert!(
+        refused(&with("ready: { command: [sh, \"{prot}\"] }"), 2).contains("unknown placeholder")
+    );
     assert!(refused(&with("ready: { listening: true, line: up }"), 2).contains("exactly one"));
     assert!(refused(&with("ready: { command: [] }"), 2).contains("exactly one"));
 }
@@ -230,15 +268,33 @@ fn a_departure_is_the_fault_its_peers_are_timed_from() {
     let r = judge(&[leaver, client]);
     assert_eq!(r.failures, Vec::<String>::new());
     assert_eq!(r.metrics, vec![(DETECT_MS, 250.0), (super::EXIT_MS, 260.0)]);
-    assert!(r.notes.iter().any(|n| n.contains("rank 0 (server): left on purpose")), "{:?}", r.notes);
-    assert!(r.notes.iter().any(|n| n.contains("after the exit of rank 0")), "{:?}", r.notes);
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("rank 0 (server): left on purpose")),
+        "{:?}",
+        r.notes
+    );
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("after the exit of rank 0")),
+        "{:?}",
+        r.notes
+    );
 }
 
 #[test]
 fn a_departing_role_is_checked_and_release_placeholders_are_put_in() {
-    let departs = PAIR.replace("    ready: { listening: true }\n", "    ready: { listening: true }\n    departs: \"(bad\"\n");
+    let departs = PAIR.replace(
+        "    ready: { listening: true }\n",
+        "    ready: { listening: true }\n    departs: \"(bad\"\n",
+    );
     assert!(refused(&departs, 2).contains("bad regex"));
-    let signalled = PAIR.replace("    ready: { listening: true }\n", "    ready: { listening: true }\n    departs: \"^bye\"\n");
+    let signalled = PAIR.replace(
+        "    ready: { listening: true }\n",
+        "    ready: { listening: true }\n    departs: \"^bye\"\n",
+    );
     assert!(refused(&signalled, 2).contains("a role that departs exits by itself"));
     let e = parse(&PAIR.replace("program: srv", "program: \"{release}/bin/srv\""));
     assert!(e.uses_release() && !parse(PAIR).uses_release());
