@@ -93,6 +93,8 @@ fn a_forced_deadlock_s_verdict_names_its_cycle() {
             "(main at deadlock.c:33)) for lock",
             "(second at deadlock.c:18)) for lock",
             "held by thread",
+            // and where the watchdog's stacks of those threads are
+            "the threads' stacks: ",
         ] {
             assert!(
                 summary.contains(says),

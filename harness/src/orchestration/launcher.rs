@@ -157,7 +157,7 @@ impl RankGroup {
             return Ok(group);
         }
         for rank in 0..ranks {
-            let log = File::create(log_dir.join(format!("rank-{rank}.log")))?;
+            let log = File::create(group.log_path(rank))?;
             let (r, addr) = (rank.to_string(), rendezvous.to_string());
             let mut cmd = match placement.launch() {
                 Launch::Local => {
@@ -429,6 +429,11 @@ impl RankGroup {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Where rank `rank`'s log is kept here (the stacks the watchdog takes go into it).
+    pub fn log_path(&self, rank: u32) -> PathBuf {
+        self.log_dir.join(format!("rank-{rank}.log"))
     }
 
     /// Where rank `rank`'s trace is kept here.

@@ -490,6 +490,13 @@ fn audit_traces(
                 }
             }
         }
+        // A hang's cycle comes from the observer's state; the threads' stacks, taken before
+        // the harness ended them, are the evidence beside it.
+        let log = group.log_path(rank);
+        for v in violations.iter_mut().filter(|v| v.check == "deadlock") {
+            v.detail
+                .push_str(&format!("; the threads' stacks: {}", log.display()));
+        }
         violations.retain(|v| {
             let by = plan
                 .suppressions
