@@ -364,10 +364,8 @@ fn process_cpu() -> Duration {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid timespec for the call to fill.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) },
-        0
-    );
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
@@ -386,14 +384,13 @@ fn out_of_descriptors_the_listener_backs_off_then_serves() {
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit read and write one rlimit struct.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-        0
-    );
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(rc, 0);
     let low = libc::rlimit {
         rlim_cur: (open_fds() + 8) as libc::rlim_t,
         rlim_max: limit.rlim_max,
     };
+    // SAFETY: `low` is a valid rlimit for the call to read.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
     let mut hog = vec![];
     while let Ok(f) = std::fs::File::open("/dev/null") {
@@ -410,6 +407,7 @@ fn out_of_descriptors_the_listener_backs_off_then_serves() {
         wall.elapsed()
     );
     drop(hog);
+    // SAFETY: `limit` is the valid rlimit getrlimit filled in above.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
     // With descriptors back, the waiting connection is accepted (it never says hello, so the
     // listener counts it as accepted and drops it at its hello timeout).

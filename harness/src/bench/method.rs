@@ -123,6 +123,7 @@ impl CpuPinning {
 fn allowed_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most `size_of` bytes into it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed, for the kernel to fill.
     let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
     if rc != 0 {
         return vec![];
@@ -140,6 +141,7 @@ pub fn pin_this_thread(cpus: Option<&[usize]>) -> anyhow::Result<()> {
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &cpu in cpus {
         anyhow::ensure!(cpu < libc::CPU_SETSIZE as usize, "cpu {cpu} out of range");
+        // SAFETY: `cpu` is below CPU_SETSIZE (checked just above).
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
     // SAFETY: `set` is a valid cpu_set_t of the size passed.

@@ -143,6 +143,7 @@ pub(crate) struct HipDevice {
 // SAFETY: a device address is valid from any host thread of the process; HIP serialises the
 // calls that use it.
 unsafe impl Send for HipDevice {}
+// SAFETY: as for Send: the address is shared, never the memory behind it without a HIP call.
 unsafe impl Sync for HipDevice {}
 
 impl HipDevice {
@@ -174,6 +175,7 @@ pub(crate) struct HipPinned {
 
 // SAFETY: plain host memory owned by this value; `&`/`&mut` access follows Rust's rules.
 unsafe impl Send for HipPinned {}
+// SAFETY: as for Send: shared access is through `&`, which Rust's rules govern.
 unsafe impl Sync for HipPinned {}
 
 impl HipPinned {
@@ -214,6 +216,7 @@ pub(crate) struct HipGpu {
 // SAFETY: the stream, module and function handles are process-wide HIP handles; every call
 // selects the device first (`hipSetDevice` is per thread).
 unsafe impl Send for HipGpu {}
+// SAFETY: as for Send: the handles are shared read-only, and each call selects the device first.
 unsafe impl Sync for HipGpu {}
 
 impl HipGpu {
@@ -283,16 +286,16 @@ impl HipGpu {
         let len = len.max(1);
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: HIP writes the new allocation's address through the pointer.
-        self.rt
-            .check("hipMalloc", unsafe { (self.rt.malloc)(&mut ptr, len) })?;
+        let rc = unsafe { (self.rt.malloc)(&mut ptr, len) };
+        self.rt.check("hipMalloc", rc)?;
         let buf = HipDevice {
             ptr,
             len,
             rt: self.rt,
         };
         // SAFETY: zeroes exactly the allocation just made (synchronous with the host).
-        self.rt
-            .check("hipMemset", unsafe { (self.rt.memset)(ptr, 0, len) })?;
+        let rc = unsafe { (self.rt.memset)(ptr, 0, len) };
+        self.rt.check("hipMemset", rc)?;
         Ok(buf)
     }
 
