@@ -220,23 +220,40 @@ fn without_declarations(text: &str) -> String {
     out
 }
 
-#[test]
-fn every_step_kind_records_only_what_it_declares() {
+/// Each step source of `rank/steps` with its text: a file, or a folder module (its `mod.rs`
+/// path, with the text of every file in it but its unit tests, since one kind split by concept
+/// is still one kind).
+fn step_sources() -> Vec<(PathBuf, String)> {
     let steps = src().join("rank/steps");
     let mut entries: Vec<_> = std::fs::read_dir(&steps)
         .unwrap()
         .map(|e| e.unwrap().path())
-        // A kind's unit tests may live in a folder of the same name.
-        .filter(|p| p.is_file())
         .collect();
     entries.sort();
-    let texts: Vec<(PathBuf, String)> = entries
-        .into_iter()
-        .map(|p| {
+    let mut out = vec![];
+    for p in entries {
+        if p.is_file() {
             let t = std::fs::read_to_string(&p).unwrap();
-            (p, t)
-        })
-        .collect();
+            out.push((p, t));
+        } else if p.join("mod.rs").is_file() {
+            let mut files = vec![];
+            rust_files(&p, &mut files);
+            files.sort();
+            let text: String = files
+                .iter()
+                .filter(|f| !f.ends_with("tests.rs"))
+                .map(|f| std::fs::read_to_string(f).unwrap())
+                .collect::<Vec<_>>()
+                .join("\n");
+            out.push((p.join("mod.rs"), text));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_step_kind_records_only_what_it_declares() {
+    let texts = step_sources();
     let consts: BTreeSet<String> = texts.iter().flat_map(|(_, t)| metric_consts(t)).collect();
     assert!(
         consts.len() > 50,
@@ -318,27 +335,29 @@ fn every_registered_kind_has_its_own_file() {
             kind,
             "kind `{kind}` lives in {file}.rs"
         );
-        assert!(src().join(format!("rank/steps/{file}.rs")).is_file());
+        assert!(
+            src().join(format!("rank/steps/{file}.rs")).is_file()
+                || src().join(format!("rank/steps/{file}/mod.rs")).is_file(),
+            "kind `{kind}` has no file {file}.rs or folder {file}/"
+        );
     }
 }
 
 #[test]
 fn every_step_kind_has_unit_tests_in_its_file() {
-    let steps = src().join("rank/steps");
     let mut kinds = 0;
-    for e in std::fs::read_dir(&steps).unwrap() {
-        let path = e.unwrap().path();
-        if !path.is_file() {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
+    for (path, text) in step_sources() {
         if !text.contains("impl StepKind for") {
             continue;
         }
         kinds += 1;
         // The tests sit in the kind's file, or in a folder of its name (`mod tests;`).
         let inline = text.contains("#[cfg(test)]") && text.contains("#[test]");
-        let folder = path.with_extension("").join("tests.rs");
+        let folder = if path.ends_with("mod.rs") {
+            path.with_file_name("tests.rs")
+        } else {
+            path.with_extension("").join("tests.rs")
+        };
         assert!(
             inline || (text.contains("#[cfg(test)]") && folder.is_file()),
             "{} has no unit tests",
