@@ -13,6 +13,7 @@ test: build-deps (apt "chromium" "strace" "xz-utils" "zstd" "make" "git" "liburi
     # The GPU feature without RDMA must build on its own too.
     cargo clippy -p wringer-transport --features gpu --all-targets -- -D warnings
     cargo fmt --all --check
+    just model-check
 
 # The main job: build in release and run every scenario this machine can run (loopback by default), the external programs' scenarios (Gloo, libfabric, UCX) included. Where the kernel has no RDMA device, `wringer run` sends the scenarios that need RDMA to the profile's soft-RoCE VM (`rdma_vm:`, set up once here); WRINGER_NO_VM=1 skips them instead.
 test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace") external rxe-if-needed
@@ -202,6 +203,18 @@ bench-launch *args="": build-deps setup-slurm setup-containers
 # What the lifecycle audit costs: whole audited scenarios with the eBPF and the strace recorder, each against the same scenario unaudited, in alternating rounds.
 bench-audit hosts="hosts/local.yaml" *args="": build-deps (apt "strace")
     cargo run --release -q -p wringer --bin wringer -- bench --audit-cost {{hosts}} --out reports/bench-audit {{args}}
+
+# The transport's concurrency under a model checker (shuttle, PCT schedules): the read path with one and two callers, a reset read once, and teardown against callers in recv and send, 1,000 schedules each; every concurrency bug switch makes a model fail, and the schedule it wrote fails again on replay (transport/tests/model.rs, docs/model-check.md).
+model-check:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    export RUSTFLAGS="--cfg wringer_model" CARGO_TARGET_DIR=target/model
+    cargo clippy -q -p wringer-transport --features bug-injection --test model -- -D warnings
+    mkdir -p target/model
+    start=$(date +%s)
+    cargo test -q -p wringer-transport --features bug-injection --release --test model -- --test-threads=1 --nocapture > target/model/model-check.log 2>&1 || { tail -80 target/model/model-check.log; exit 1; }
+    grep -E "^model .*explored|caught by model|^test result" target/model/model-check.log
+    echo "model-check: $(( $(date +%s) - start )) s (build included; log: target/model/model-check.log)"
 
 # wringer audit beside Helgrind and ThreadSanitizer on the waits and happens-before fixtures (each broken one and its twin): who flags what, and the wall times (target/race-tools.md).
 race-tools: build-deps (apt "valgrind" "clang")

@@ -15,14 +15,18 @@
 //! them: the receiver queues while it holds the read side, and a caller that takes the read
 //! side drains the queue first.
 
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::thread::{JoinHandle, Thread};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use crossbeam_channel::{select, Receiver, RecvTimeoutError, Sender};
+#[cfg(wringer_model)]
+use crate::model_socket::Socket;
+use crate::sync::channel::{self, send_unless_woken, Receiver, RecvTimeoutError, Sender};
+use crate::sync::{park_timeout, sleep, Builder, Instant, JoinHandle, Thread};
+use crate::sync::{Arc, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize};
+use crate::sync::{Mutex, MutexGuard, OnceLock, RwLock};
+#[cfg(not(wringer_model))]
 use socket2::Socket;
 
 use crate::error::{Error, ReceiverError, Result, Terminal};
@@ -98,24 +102,44 @@ struct SendState {
 
 impl Connection {
     /// Wrap a connected stream (no handshake). Starts the receiver thread.
-    pub fn from_stream(stream: TcpStream, opts: ConnectionOptions) -> Result<Connection> {
+    #[cfg(not(wringer_model))]
+    pub fn from_stream(stream: std::net::TcpStream, opts: ConnectionOptions) -> Result<Connection> {
         Connection::from_socket(Socket::from(stream), opts)
     }
 
+    #[cfg(not(wringer_model))]
     pub(crate) fn from_socket(socket: Socket, opts: ConnectionOptions) -> Result<Connection> {
         Connection::from_shared(Arc::new(socket), opts)
     }
 
+    /// A connection over one end of a model stream (`model_socket::pair`), for model tests.
+    #[cfg(wringer_model)]
+    pub fn over_model(socket: Socket, opts: ConnectionOptions) -> Result<Connection> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        Connection::start(Arc::new(socket), addr, addr, opts)
+    }
+
     /// `socket` must have no other owner left that could outlive this connection's teardown.
+    #[cfg(not(wringer_model))]
     pub(crate) fn from_shared(socket: Arc<Socket>, opts: ConnectionOptions) -> Result<Connection> {
         let local = socket.local_addr()?.as_socket().ok_or_else(not_inet)?;
         let peer = socket.peer_addr()?.as_socket().ok_or_else(not_inet)?;
         // Handshakes may have set a read timeout; the receiver blocks until shutdown wakes it.
         socket.set_read_timeout(None)?;
+        Connection::start(socket, local, peer, opts)
+    }
+
+    /// Start the receiver thread on `socket`.
+    fn start(
+        socket: Arc<Socket>,
+        local: SocketAddr,
+        peer: SocketAddr,
+        opts: ConnectionOptions,
+    ) -> Result<Connection> {
         let fd = socket.as_raw_fd();
-        let (frames_tx, frames) = crossbeam_channel::bounded(opts.queue_depth.max(1));
-        let (wake, woken) = crossbeam_channel::bounded::<()>(0);
-        let (recycled, reusable) = crossbeam_channel::bounded(4);
+        let (frames_tx, frames) = channel::bounded(opts.queue_depth.max(1));
+        let (wake, woken) = channel::bounded::<()>(0);
+        let (recycled, reusable) = channel::bounded(4);
         let counters = Arc::new(ReadCounters::default());
         let reading = Arc::new(Mutex::new(Reading {
             reader: FrameReader::new(opts.max_payload),
@@ -140,7 +164,7 @@ impl Connection {
             counters: Arc::clone(&counters),
             tid: Arc::clone(&receiver_tid),
         };
-        let handle = std::thread::Builder::new()
+        let handle = Builder::new()
             .name(format!("wringer-rx-{fd}"))
             .spawn(move || worker.run())?;
         Ok(Connection {
@@ -228,7 +252,7 @@ impl Connection {
                         after: timeout,
                     });
                 }
-                std::thread::sleep(pause.min(deadline - now));
+                sleep(pause.min(deadline - now));
                 pause = (pause * 2).min(Duration::from_millis(5));
             }
         })
@@ -241,6 +265,30 @@ impl Connection {
         let deadline = Instant::now() + timeout;
         let _receiving = self.presence.enter();
         loop {
+            #[cfg(feature = "bug-injection")]
+            if crate::injected::is(crate::injected::Bug::QueueBeforeTryReadSide) {
+                // The pre-review shape: the queue first, then only a try of the read side.
+                if let Ok(frame) = self.frames.try_recv() {
+                    return Ok(self.dequeued(frame));
+                }
+                if self.terminal.get().is_some() {
+                    return Err(self.ended());
+                }
+                if let Ok(mut reading) = self.reading.try_lock() {
+                    return self.read_own_frame(&mut reading, deadline, timeout);
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::Timeout {
+                        during: "recv",
+                        after: timeout,
+                    });
+                }
+                match self.frames.recv_timeout(QUEUE_SLICE) {
+                    Ok(frame) => return Ok(self.dequeued(frame)),
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return Err(self.ended()),
+                }
+            }
             #[cfg(feature = "bug-injection")]
             if crate::injected::is(crate::injected::Bug::QueueBeforeReadSide) {
                 if let Ok(frame) = self.frames.try_recv() {
@@ -388,19 +436,33 @@ impl Connection {
         handle: JoinHandle<()>,
         socket: Option<Arc<Socket>>,
     ) -> Result<()> {
-        use crate::injected::{close_raw, dup, shutdown_and_close, Bug};
+        use crate::injected::Bug;
+        #[cfg(not(wringer_model))]
+        use crate::injected::{close_raw, dup, shutdown_and_close};
         match bug {
             Bug::CloseBeforeJoin | Bug::UseAfterClose => {
                 if let Some(s) = &socket {
                     let _ = s.shutdown(Shutdown::Both);
                 }
+                #[cfg(not(wringer_model))]
                 close_raw(self.fd);
+                #[cfg(wringer_model)]
+                if let Some(s) = &socket {
+                    crate::model_socket::close_number(s);
+                }
                 let _ = handle.join();
             }
             Bug::CloseWhileInUse => {
-                let spare = dup(self.fd);
-                close_raw(self.fd);
-                shutdown_and_close(spare);
+                #[cfg(not(wringer_model))]
+                {
+                    let spare = dup(self.fd);
+                    close_raw(self.fd);
+                    shutdown_and_close(spare);
+                }
+                #[cfg(wringer_model)]
+                if let Some(s) = &socket {
+                    crate::model_socket::close_number(s);
+                }
                 let _ = handle.join();
             }
             _ => unreachable!("not a teardown bug"),
@@ -812,7 +874,7 @@ impl ReceiverThread {
             }
             if self.presence.receiving() {
                 // The caller reads its own frames; look again when it may have stopped.
-                std::thread::park_timeout(aside);
+                park_timeout(aside);
                 aside = (aside * 2).min(LONGEST_ASIDE);
                 continue;
             }
@@ -858,18 +920,28 @@ impl ReceiverThread {
                 drop(reading);
             }
             // Queued while the read side is held, so a caller finds it before reading on.
-            select! {
-                send(self.frames, frame) -> sent => if sent.is_err() {
-                    // Cannot happen while the Connection lives (it owns the other end).
-                    return Terminal::LocalShutdown;
-                },
-                recv(self.woken) -> _ => return self.local_shutdown(),
+            match send_unless_woken(&self.frames, frame, &self.woken) {
+                Ok(()) => {}
+                Err(true) => return self.local_shutdown(),
+                // Cannot happen while the Connection lives (it owns the other end).
+                Err(false) => return Terminal::LocalShutdown,
             }
         }
     }
 
     fn local_shutdown(&self) -> Terminal {
-        #[cfg(feature = "bug-injection")]
+        #[cfg(all(feature = "bug-injection", wringer_model))]
+        if crate::injected::is(crate::injected::Bug::UseAfterClose) {
+            // As the real bug: read the number again while the closer closes it.
+            for _ in 0..16 {
+                shuttle::thread::yield_now();
+                let mut byte = [0u8; 1];
+                let _ = self
+                    .socket
+                    .recv_now(&mut [std::io::IoSliceMut::new(&mut byte)]);
+            }
+        }
+        #[cfg(all(feature = "bug-injection", not(wringer_model)))]
         if let Some(e) = crate::injected::read_again_after_close(self.socket.as_raw_fd()) {
             return Terminal::Failed(ReceiverError::io(&e));
         }
@@ -877,15 +949,22 @@ impl ReceiverThread {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks leaves no broken invariant worth propagating.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+#[cfg(not(wringer_model))]
 fn not_inet() -> Error {
     Error::InvalidArgument("only TCP/IP sockets are supported".into())
 }
 
+#[cfg(wringer_model)]
+fn unsent_bytes(socket: &Socket) -> Result<i32> {
+    Ok(socket.unsent() as i32)
+}
+
+#[cfg(not(wringer_model))]
 fn unsent_bytes(socket: &Socket) -> Result<i32> {
     let mut n: libc::c_int = 0;
     // SAFETY: SIOCOUTQ writes one c_int through the pointer, which points at `n`. The fd is kept

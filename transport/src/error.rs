@@ -79,6 +79,7 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
+    #[cfg_attr(wringer_model, allow(dead_code))] // (the handshake, not in model builds)
     pub(crate) fn from_u8(b: u8) -> RejectReason {
         match b {
             1 => RejectReason::BadToken,

@@ -2,8 +2,11 @@
 //! `WRINGER_TRANSPORT_BUG`, so the harness's audit can be shown to catch each class. Each
 //! reproduces a real transport's mistake; none is reachable in a build without the feature.
 
+#[cfg(not(wringer_model))]
 use std::os::fd::RawFd;
+#[cfg(not(wringer_model))]
 use std::sync::OnceLock;
+#[cfg(not(wringer_model))]
 use std::time::{Duration, Instant};
 
 /// A teardown written the wrong way.
@@ -32,6 +35,11 @@ pub(crate) enum Bug {
     /// side, and does not look again once it has it, so it can read a later frame while the
     /// receiver, which held the read side meanwhile, has queued an earlier one.
     QueueBeforeReadSide,
+    /// `recv` looks at the queue, then only tries the read side and waits on the queue when
+    /// the try fails (the shape before review): a frame the receiver queues and lets go of
+    /// between the caller's two looks waits for the next slice, and one it reads meanwhile can
+    /// be passed by the caller's own read.
+    QueueBeforeTryReadSide,
     /// The receiver thread lets go of the read side before it queues the frame it read: a
     /// caller that takes the read side in between reads the next frame before it.
     QueueAfterReadSide,
@@ -67,13 +75,43 @@ impl Bug {
 }
 
 /// The bug this process was asked to have, if any (read once: the read path asks per message).
+#[cfg(not(wringer_model))]
 pub(crate) fn bug() -> Option<Bug> {
     static BUG: OnceLock<Option<Bug>> = OnceLock::new();
     *BUG.get_or_init(from_env)
 }
 
+/// Under the model checker each test says which bug it switches on (`set_model_bug`).
+#[cfg(wringer_model)]
+static MODEL_BUG: std::sync::Mutex<Option<Bug>> = std::sync::Mutex::new(None);
+
+#[cfg(wringer_model)]
+pub(crate) fn bug() -> Option<Bug> {
+    *MODEL_BUG.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Switch a bug on by its `WRINGER_TRANSPORT_BUG` name (None: off) for the model tests that
+/// follow; false for a name that is no bug.
+#[cfg(wringer_model)]
+pub fn set_model_bug(name: Option<&str>) -> bool {
+    let bug = match name {
+        Some(n) => match from_name(n) {
+            Some(b) => Some(b),
+            None => return false,
+        },
+        None => None,
+    };
+    *MODEL_BUG.lock().unwrap_or_else(|p| p.into_inner()) = bug;
+    true
+}
+
+#[cfg(not(wringer_model))]
 fn from_env() -> Option<Bug> {
-    match std::env::var("WRINGER_TRANSPORT_BUG").ok()?.as_str() {
+    from_name(&std::env::var("WRINGER_TRANSPORT_BUG").ok()?)
+}
+
+fn from_name(name: &str) -> Option<Bug> {
+    match name {
         "close-before-join" => Some(Bug::CloseBeforeJoin),
         "close-while-in-use" => Some(Bug::CloseWhileInUse),
         "use-after-close" => Some(Bug::UseAfterClose),
@@ -82,6 +120,7 @@ fn from_env() -> Option<Bug> {
         "short-direct-read" => Some(Bug::ShortDirectRead),
         "lock-across-join" => Some(Bug::LockAcrossJoin),
         "queue-before-read-side" => Some(Bug::QueueBeforeReadSide),
+        "queue-before-try-read-side" => Some(Bug::QueueBeforeTryReadSide),
         "queue-after-read-side" => Some(Bug::QueueAfterReadSide),
         "timeout-drops-partial-frame" => Some(Bug::TimeoutDropsPartialFrame),
         "caller-end-unpublished" => Some(Bug::CallerEndUnpublished),
@@ -108,6 +147,7 @@ pub(crate) fn direct_read(n: usize, offered: usize) -> usize {
     }
 }
 
+#[cfg(not(wringer_model))]
 /// The receiver's part of [`Bug::UseAfterClose`]: once stopped, it waits (bounded) until
 /// teardown has closed its descriptor, then reads it again instead of ending. The read neither
 /// blocks nor consumes (the number may already be someone else's); its error is what it
@@ -130,6 +170,7 @@ pub(crate) fn read_again_after_close(fd: RawFd) -> Option<std::io::Error> {
     None
 }
 
+#[cfg(not(wringer_model))]
 /// Close `fd` out from under its owners.
 pub(crate) fn close_raw(fd: RawFd) {
     // SAFETY: deliberately wrong (that is the bug); the caller forgets the owning `Socket`, so
@@ -137,12 +178,14 @@ pub(crate) fn close_raw(fd: RawFd) {
     unsafe { libc::close(fd) };
 }
 
+#[cfg(not(wringer_model))]
 /// A second descriptor for the same socket, to wake a receiver after the first was closed.
 pub(crate) fn dup(fd: RawFd) -> RawFd {
     // SAFETY: dup has no memory-safety preconditions.
     unsafe { libc::dup(fd) }
 }
 
+#[cfg(not(wringer_model))]
 /// Shut down and close a descriptor made by [`dup`].
 pub(crate) fn shutdown_and_close(fd: RawFd) {
     // SAFETY: `fd` came from `dup` and has no other owner.

@@ -16,18 +16,39 @@ pub mod rdma;
 pub mod stream;
 
 mod conn;
+#[cfg(not(wringer_model))]
 mod connect;
+#[cfg(not(wringer_model))]
 mod handshake;
 #[cfg(feature = "bug-injection")]
 mod injected;
+#[cfg(not(wringer_model))]
 mod listener;
+#[cfg(wringer_model)]
+mod model_socket;
+#[cfg(not(wringer_model))]
 mod sockopt;
+mod sync;
 #[cfg(feature = "rdma")]
 mod sync_marks;
 
 pub use conn::{Connection, ConnectionOptions, ReadStats, Reader};
+#[cfg(not(wringer_model))]
 pub use connect::{connect, ConnectOptions};
 pub use error::{Error, ReceiverError, RejectReason, Result, Terminal};
+#[cfg(not(wringer_model))]
 pub use handshake::Hello;
+#[cfg(not(wringer_model))]
 pub use listener::{Listener, ListenerOptions, ListenerStats};
+#[cfg(not(wringer_model))]
 pub use sockopt::{Keepalive, SocketOptions};
+
+/// What the model tests (`--cfg wringer_model`, `just model-check`) drive the connection with:
+/// a model stream, the model's clock, and the test-only bug switches.
+#[cfg(wringer_model)]
+pub mod model {
+    #[cfg(feature = "bug-injection")]
+    pub use crate::injected::set_model_bug;
+    pub use crate::model_socket::{pair, Socket};
+    pub use crate::sync::reset_clock;
+}

@@ -3,12 +3,17 @@
 //! [`frame`]: crate::frame
 
 use std::io::{self, IoSlice, IoSliceMut, Read};
+#[cfg(not(wringer_model))]
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
 
+#[cfg(not(wringer_model))]
 use socket2::Socket;
 use thiserror::Error;
+
+#[cfg(wringer_model)]
+use crate::model_socket::Socket;
+use crate::sync::{AtomicBool, Instant};
 
 use crate::frame::{Decoder, FrameError, Header, ReadOutcome, HEADER_LEN};
 
@@ -207,6 +212,12 @@ const SPIN_BATCH: usize = 32;
 
 /// Take what the socket holds without waiting (`WouldBlock` when it holds nothing): one
 /// `recv(2)` into one buffer, one `recvmsg(2)` into several.
+#[cfg(wringer_model)]
+fn recv_now(socket: &Socket, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    socket.recv_now(bufs)
+}
+
+#[cfg(not(wringer_model))]
 fn recv_now(socket: &Socket, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
     if let [one] = bufs {
         return recv_with(socket, one, libc::MSG_DONTWAIT);
@@ -234,6 +245,7 @@ pub(crate) fn wait_for_bytes(socket: &Socket) -> io::Result<()> {
 }
 
 /// One `recv(2)` into `buf` with `flags`.
+#[cfg(not(wringer_model))]
 fn recv_with(socket: &Socket, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: `buf` is valid for writes of its length for the duration of the call; the fd is
     // kept open by the `&Socket` borrow.
@@ -341,7 +353,14 @@ fn wait_for(
     }
 }
 
+/// One `poll` on the model socket.
+#[cfg(wringer_model)]
+fn poll_once(socket: &Socket, events: libc::c_short, timeout_ms: i32) -> io::Result<bool> {
+    socket.poll(events & libc::POLLOUT != 0, timeout_ms)
+}
+
 /// One `poll(2)` on the socket: whether any of `events` (or an error or hang-up) is there.
+#[cfg(not(wringer_model))]
 fn poll_once(socket: &Socket, events: libc::c_short, timeout_ms: i32) -> io::Result<bool> {
     let mut pfd = libc::pollfd {
         fd: socket.as_raw_fd(),

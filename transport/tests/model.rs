@@ -1,0 +1,377 @@
+//! The connection's threads under a model checker (shuttle): the real `conn.rs`, built with
+//! `--cfg wringer_model` so that its locks, atomics, channels and threads are shuttle's, over a
+//! model stream (`model_socket`). Each model runs a few hundred schedules chosen by PCT (depth
+//! 3: the scheduler may preempt at up to three points of its choosing, the bound under which PCT
+//! finds a bug of depth 3 with a stated probability) and says how many it ran. A failing schedule
+//! is written to a file and replayed, and fails again. `just model-check` runs these; an
+//! ordinary build compiles this file to nothing.
+//!
+//! What each model holds (on every schedule): the read path delivers every frame once and in
+//! order to one or two callers racing the receiver, through hand-overs of the read side, and
+//! reports the end to every caller; teardown against callers in `recv` and `send` ends every
+//! thread (a wait that never ends is a deadlock shuttle reports), releases the descriptor only
+//! after the receiver is done (a use of a closed model descriptor fails the model), and gives
+//! each caller an error that says closed.
+#![cfg(wringer_model)]
+
+use std::net::Shutdown;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use shuttle::scheduler::PctScheduler;
+use shuttle::sync::Arc;
+use shuttle::{Config, FailurePersistence, MaxSteps, Runner};
+use wringer_transport::frame::{Header, Kind};
+use wringer_transport::model::{pair, reset_clock, set_model_bug, Socket};
+use wringer_transport::{Connection, ConnectionOptions, Error, ReceiverError, Terminal};
+
+/// Schedules per model (WRINGER_MODEL_SCHEDULES overrides).
+fn schedules() -> usize {
+    std::env::var("WRINGER_MODEL_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000)
+}
+
+/// PCT's bound: preemption points per schedule.
+const DEPTH: usize = 3;
+
+/// A step bound far above any legitimate schedule here (a few thousand steps): one that runs
+/// past it is a thread that never stops, which fails the model.
+const MAX_STEPS: usize = 200_000;
+
+const FRAMES: u64 = 3;
+
+fn frame(seq: u64) -> Vec<u8> {
+    let payload = [seq as u8; 5];
+    let mut out = Header {
+        kind: Kind::Data,
+        flags: 0,
+        sequence: seq,
+        len: payload.len() as u32,
+    }
+    .encode()
+    .to_vec();
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// How the peer ends its stream after its frames.
+#[derive(Clone, Copy, PartialEq)]
+enum PeerEnd {
+    /// It does not (teardown comes from our side).
+    Open,
+    /// FIN: a clean end.
+    Fin,
+    /// RST: an error that can be read only once.
+    Reset,
+}
+
+/// The peer's side: `FRAMES` frames, each sent in two pieces (so a reader meets half a
+/// frame), then its end. Returns its socket, kept open until the model ends.
+fn peer_sends_then_ends(theirs: Socket, end: PeerEnd) -> shuttle::thread::JoinHandle<Socket> {
+    shuttle::thread::spawn(move || {
+        for seq in 0..FRAMES {
+            let bytes = frame(seq);
+            let (a, b) = bytes.split_at(7);
+            theirs.write_all(a);
+            shuttle::thread::yield_now();
+            theirs.write_all(b);
+        }
+        match end {
+            PeerEnd::Open => {}
+            PeerEnd::Fin => theirs.shutdown(Shutdown::Write).unwrap(),
+            PeerEnd::Reset => theirs.abort(),
+        }
+        theirs
+    })
+}
+
+/// A caller of `recv` until the connection ends: the sequences it got, and the end it saw.
+fn receive_until_end(conn: &Connection) -> (Vec<u64>, Error) {
+    let mut got = vec![];
+    loop {
+        match conn.recv(Duration::from_millis(2)) {
+            Ok(f) => {
+                assert_eq!(
+                    f.payload,
+                    vec![f.header.sequence as u8; 5],
+                    "payload intact"
+                );
+                got.push(f.header.sequence);
+            }
+            Err(Error::Timeout { .. }) => continue,
+            Err(e) => return (got, e),
+        }
+    }
+}
+
+fn options() -> ConnectionOptions {
+    ConnectionOptions {
+        queue_depth: 2,
+        ..ConnectionOptions::default()
+    }
+}
+
+/// The read path: `callers` threads in `recv` racing the receiver thread for the stream, which
+/// the peer ends with `end` (FIN or RST).
+fn read_path(callers: usize, end: PeerEnd) -> impl Fn() + Send + Sync + 'static {
+    move || {
+        reset_clock();
+        let (ours, theirs) = pair();
+        let conn = Arc::new(Connection::over_model(ours, options()).unwrap());
+        let peer = peer_sends_then_ends(theirs, end);
+        let peer_end = end;
+        let readers: Vec<_> = (0..callers)
+            .map(|_| {
+                let conn = Arc::clone(&conn);
+                shuttle::thread::spawn(move || receive_until_end(&conn))
+            })
+            .collect();
+        let mut all = vec![];
+        for r in readers {
+            let (got, end) = r.join().unwrap();
+            assert!(
+                got.windows(2).all(|w| w[0] < w[1]),
+                "a caller got frames out of order: {got:?}"
+            );
+            // Every caller is told the end the connection published, the one there was.
+            let published = conn.terminal().cloned();
+            match peer_end {
+                PeerEnd::Reset => assert!(
+                    matches!(&end, Error::Receiver(ReceiverError::Io { .. }))
+                        && matches!(published, Some(Terminal::Failed(_))),
+                    "the peer reset: a caller was told {end:?}, the connection {published:?}"
+                ),
+                _ => assert!(
+                    matches!(end, Error::PeerClosed)
+                        && matches!(published, Some(Terminal::PeerClosed)),
+                    "the peer ended: a caller was told {end:?}, the connection {published:?}"
+                ),
+            }
+            all.extend(got);
+        }
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..FRAMES).collect::<Vec<_>>(),
+            "every frame delivered once"
+        );
+        conn.close().unwrap();
+        drop(peer.join().unwrap());
+    }
+}
+
+/// Teardown: `close` from the main thread while a caller is in `recv` and another in `send`,
+/// and frames are still coming.
+fn teardown() -> impl Fn() + Send + Sync + 'static {
+    || {
+        reset_clock();
+        let (ours, theirs) = pair();
+        let conn = Arc::new(Connection::over_model(ours, options()).unwrap());
+        let peer = peer_sends_then_ends(theirs, PeerEnd::Open);
+        let reader = {
+            let conn = Arc::clone(&conn);
+            shuttle::thread::spawn(move || receive_until_end(&conn))
+        };
+        let sender = {
+            let conn = Arc::clone(&conn);
+            // A few sends, then one after the close is certain to have begun.
+            shuttle::thread::spawn(move || {
+                for _ in 0..3 {
+                    match conn.send(b"x", Duration::from_millis(2)) {
+                        Ok(()) | Err(Error::Timeout { .. }) => {}
+                        Err(e) => return Some(e),
+                    }
+                }
+                None
+            })
+        };
+        shuttle::thread::yield_now();
+        conn.close().unwrap();
+        // After close, nothing is left to wait for: every caller ends, told it is closed.
+        let (got, end) = reader.join().unwrap();
+        assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order: {got:?}");
+        assert!(
+            matches!(end, Error::Closed),
+            "recv after close said {end:?}"
+        );
+        if let Some(sent) = sender.join().unwrap() {
+            assert!(
+                matches!(sent, Error::Closed | Error::Io(_) | Error::SendBroken),
+                "send during close said {sent:?}"
+            );
+        }
+        assert!(
+            matches!(
+                conn.send(b"x", Duration::from_millis(2)),
+                Err(Error::Closed)
+            ),
+            "a send after close is told it is closed"
+        );
+        drop(peer.join().unwrap());
+    }
+}
+
+/// Run `model` over PCT schedules; the failing schedule's file when one fails.
+fn explore(
+    name: &str,
+    model: impl Fn() + Send + Sync + 'static,
+    dir: &Path,
+) -> Result<usize, PathBuf> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let mut config = Config::new();
+    config.failure_persistence = FailurePersistence::File(Some(dir.to_path_buf()));
+    config.max_steps = MaxSteps::FailAfter(MAX_STEPS);
+    let runner = Runner::new(PctScheduler::new(DEPTH, schedules()), config);
+    match catch_unwind(AssertUnwindSafe(|| runner.run(model))) {
+        Ok(n) => {
+            println!("model {name}: {n} schedules explored (PCT, depth {DEPTH}), none failed");
+            Ok(n)
+        }
+        Err(_) => {
+            let schedule = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+                .expect("a failing schedule is written to a file");
+            println!(
+                "model {name}: failed; its schedule is in {}",
+                schedule.display()
+            );
+            Err(schedule)
+        }
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("wringer-model-{name}-{}", std::process::id()))
+}
+
+fn holds(name: &str, model: impl Fn() + Send + Sync + 'static) {
+    assert!(set_model_bug(None));
+    let dir = scratch(name);
+    let n = explore(name, model, &dir).unwrap_or_else(|s| {
+        panic!(
+            "model {name} failed on main; replay: WRINGER_MODEL_REPLAY={}",
+            s.display()
+        )
+    });
+    assert_eq!(n, schedules());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_caller_and_the_receiver_share_the_stream() {
+    holds("read-path-1", read_path(1, PeerEnd::Fin));
+}
+
+#[test]
+fn two_callers_and_the_receiver_share_the_stream() {
+    holds("read-path-2", read_path(2, PeerEnd::Fin));
+}
+
+#[test]
+fn a_reset_read_once_is_the_end_everyone_is_told() {
+    holds("reset-1", read_path(1, PeerEnd::Reset));
+    holds("reset-2", read_path(2, PeerEnd::Reset));
+}
+
+#[test]
+fn close_against_callers_in_recv_and_send() {
+    holds("teardown", teardown());
+}
+
+type Model = Box<dyn Fn() + Send + Sync>;
+type MakeModel = fn() -> Model;
+
+/// Every model by name, made afresh.
+const MODELS: [(&str, MakeModel); 5] = [
+    ("read-path-1", || Box::new(read_path(1, PeerEnd::Fin))),
+    ("read-path-2", || Box::new(read_path(2, PeerEnd::Fin))),
+    ("reset-1", || Box::new(read_path(1, PeerEnd::Reset))),
+    ("reset-2", || Box::new(read_path(2, PeerEnd::Reset))),
+    ("teardown", || Box::new(teardown())),
+];
+
+/// With `bug` switched on, some model fails, and replaying the schedule it printed fails again.
+fn caught(bug: &str) {
+    assert!(set_model_bug(Some(bug)), "no bug named {bug}");
+    for (name, make) in MODELS {
+        let dir = scratch(&format!("{bug}-{name}"));
+        let model = make();
+        let Err(schedule) = explore(name, model, &dir) else {
+            continue;
+        };
+        let model = make();
+        let again = catch_unwind(AssertUnwindSafe(|| {
+            shuttle::replay_from_file(model, &schedule)
+        }));
+        assert!(
+            again.is_err(),
+            "{bug}: the schedule in {} did not fail again on replay",
+            schedule.display()
+        );
+        println!("{bug}: caught by model {name}; its schedule fails again on replay");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(set_model_bug(None));
+        return;
+    }
+    assert!(set_model_bug(None));
+    panic!("{bug}: no model failed");
+}
+
+#[test]
+fn queue_before_read_side_is_caught() {
+    caught("queue-before-read-side");
+}
+
+#[test]
+fn queue_before_try_read_side_is_caught() {
+    caught("queue-before-try-read-side");
+}
+
+#[test]
+fn queue_after_read_side_is_caught() {
+    caught("queue-after-read-side");
+}
+
+#[test]
+fn caller_end_unpublished_is_caught() {
+    caught("caller-end-unpublished");
+}
+
+#[test]
+fn close_before_join_is_caught() {
+    caught("close-before-join");
+}
+
+#[test]
+fn close_while_in_use_is_caught() {
+    caught("close-while-in-use");
+}
+
+#[test]
+fn use_after_close_is_caught() {
+    caught("use-after-close");
+}
+
+/// `WRINGER_MODEL_REPLAY=FILE [WRINGER_MODEL_BUG=name] WRINGER_MODEL=NAME` (one of
+/// [`MODELS`]): replay one schedule (what a failure printed), under the bug it was found with.
+#[test]
+fn replay_a_schedule() {
+    let Ok(file) = std::env::var("WRINGER_MODEL_REPLAY") else {
+        return;
+    };
+    let bug = std::env::var("WRINGER_MODEL_BUG").ok();
+    assert!(set_model_bug(bug.as_deref()));
+    let which = std::env::var("WRINGER_MODEL").unwrap_or_else(|_| "read-path-1".into());
+    let (_, make) = MODELS
+        .iter()
+        .find(|(n, _)| *n == which)
+        .unwrap_or_else(|| panic!("no model named {which}"));
+    let model = make();
+    shuttle::replay_from_file(model, file);
+}
