@@ -854,11 +854,15 @@ impl ReceiverThread {
         // SAFETY: gettid has no preconditions.
         self.tid.store(unsafe { libc::gettid() }, Ordering::Release);
         let end = self.receive_until_end();
-        // Published once: a caller may have read the end first.
+        self.publish(end);
+        // Dropping `self.frames` here tells `recv` that no more frames will come.
+    }
+
+    /// Published once: a caller may have read the end first.
+    fn publish(&self, end: Terminal) {
         if self.terminal.set(end).is_ok() {
             self.counters.ended_by(Reader::Receiver);
         }
-        // Dropping `self.frames` here tells `recv` that no more frames will come.
     }
 
     fn receive_until_end(&self) -> Terminal {
@@ -911,7 +915,18 @@ impl ReceiverThread {
             let frame = match reading.next(&mut &*self.socket, &self.stop, Reader::Receiver) {
                 Next::Frame(frame) => frame,
                 Next::End(Terminal::LocalShutdown) => return self.local_shutdown(),
-                Next::End(end) => return end,
+                Next::End(end) => {
+                    // Published before the read side is let go: a reset reads once, and a
+                    // caller taking the read side next would read a clean end after it and
+                    // publish that instead (found by the model checker, `just model-check`).
+                    #[cfg(feature = "bug-injection")]
+                    if crate::injected::is(crate::injected::Bug::EndPublishedAfterReadSide) {
+                        drop(reading);
+                        return end;
+                    }
+                    self.publish(end.clone());
+                    return end;
+                }
                 // Cannot happen: the socket has no read timeout.
                 Next::TimedOut => continue,
             };

@@ -43,6 +43,10 @@ pub(crate) enum Bug {
     /// The receiver thread lets go of the read side before it queues the frame it read: a
     /// caller that takes the read side in between reads the next frame before it.
     QueueAfterReadSide,
+    /// The receiver lets go of the read side before it publishes the end it read: after a
+    /// reset (read once), a caller that takes the read side reads a clean end and publishes
+    /// that, so the connection says the peer closed when it reset.
+    EndPublishedAfterReadSide,
     /// A `recv` whose deadline passes in the middle of a frame throws away what it had read of
     /// it: the next read starts inside the frame.
     TimeoutDropsPartialFrame,
@@ -122,6 +126,7 @@ fn from_name(name: &str) -> Option<Bug> {
         "queue-before-read-side" => Some(Bug::QueueBeforeReadSide),
         "queue-before-try-read-side" => Some(Bug::QueueBeforeTryReadSide),
         "queue-after-read-side" => Some(Bug::QueueAfterReadSide),
+        "end-published-after-read-side" => Some(Bug::EndPublishedAfterReadSide),
         "timeout-drops-partial-frame" => Some(Bug::TimeoutDropsPartialFrame),
         "caller-end-unpublished" => Some(Bug::CallerEndUnpublished),
         "close-skips-shutdown-while-receiving" => Some(Bug::CloseSkipsShutdownWhileReceiving),

@@ -50,5 +50,5 @@ pub mod model {
     #[cfg(feature = "bug-injection")]
     pub use crate::injected::set_model_bug;
     pub use crate::model_socket::{pair, Socket};
-    pub use crate::sync::reset_clock;
+    pub use crate::sync::{pass_time, reset_clock};
 }

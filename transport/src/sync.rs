@@ -8,9 +8,9 @@
 pub(crate) use real::*;
 
 #[cfg(wringer_model)]
-pub use model::reset_clock;
-#[cfg(wringer_model)]
 pub(crate) use model::*;
+#[cfg(wringer_model)]
+pub use model::{pass_time, reset_clock};
 
 #[cfg(not(wringer_model))]
 mod real {
@@ -56,6 +56,12 @@ mod model {
 
     pub fn reset_clock() {
         CLOCK_NS.store(0, Ordering::SeqCst);
+    }
+
+    /// A thread that steps away for `d` (the application busy elsewhere): the clock moves on.
+    pub fn pass_time(d: Duration) {
+        CLOCK_NS.fetch_add(d.as_nanos() as u64, Ordering::SeqCst);
+        shuttle::thread::yield_now();
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

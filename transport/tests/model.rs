@@ -19,11 +19,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use shuttle::scheduler::PctScheduler;
+use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use shuttle::sync::Arc;
 use shuttle::{Config, FailurePersistence, MaxSteps, Runner};
 use wringer_transport::frame::{Header, Kind};
-use wringer_transport::model::{pair, reset_clock, set_model_bug, Socket};
+use wringer_transport::model::{pair, pass_time, reset_clock, set_model_bug, Socket};
 use wringer_transport::{Connection, ConnectionOptions, Error, ReceiverError, Terminal};
 
 /// Schedules per model (WRINGER_MODEL_SCHEDULES overrides).
@@ -41,7 +41,7 @@ const DEPTH: usize = 3;
 /// past it is a thread that never stops, which fails the model.
 const MAX_STEPS: usize = 200_000;
 
-const FRAMES: u64 = 3;
+const FRAMES: u64 = 4;
 
 fn frame(seq: u64) -> Vec<u8> {
     let payload = [seq as u8; 5];
@@ -100,6 +100,9 @@ fn receive_until_end(conn: &Connection) -> (Vec<u64>, Error) {
                     "payload intact"
                 );
                 got.push(f.header.sequence);
+                // Away from recv for a while, as an application is: the receiver reads
+                // meanwhile, so the read side changes hands both ways.
+                pass_time(Duration::from_millis(2));
             }
             Err(Error::Timeout { .. }) => continue,
             Err(e) => return (got, e),
@@ -113,6 +116,11 @@ fn options() -> ConnectionOptions {
         ..ConnectionOptions::default()
     }
 }
+
+/// Schedules of the read path in which the receiver queued a frame, and in which the read side
+/// changed hands: evidence that the models reach both paths, not just one.
+static QUEUED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static HANDED_OVER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// The read path: `callers` threads in `recv` racing the receiver thread for the stream, which
 /// the peer ends with `end` (FIN or RST).
@@ -151,6 +159,13 @@ fn read_path(callers: usize, end: PeerEnd) -> impl Fn() + Send + Sync + 'static 
                 ),
             }
             all.extend(got);
+        }
+        let stats = conn.read_stats();
+        if stats.frames_queued > 0 {
+            QUEUED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if stats.handovers > 0 {
+            HANDED_OVER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         all.sort_unstable();
         assert_eq!(
@@ -214,43 +229,80 @@ fn teardown() -> impl Fn() + Send + Sync + 'static {
     }
 }
 
-/// Run `model` over PCT schedules; the failing schedule's file when one fails.
-fn explore(
-    name: &str,
-    model: impl Fn() + Send + Sync + 'static,
-    dir: &Path,
-) -> Result<usize, PathBuf> {
+/// Teardown with nobody receiving: the receiver reads the peer's frames into its queue (one
+/// deep), so it waits to hand the next one over when `close` comes, which must wake it.
+fn teardown_idle() -> impl Fn() + Send + Sync + 'static {
+    || {
+        reset_clock();
+        let (ours, theirs) = pair();
+        let opts = ConnectionOptions {
+            queue_depth: 1,
+            ..ConnectionOptions::default()
+        };
+        let conn = Connection::over_model(ours, opts).unwrap();
+        let peer = peer_sends_then_ends(theirs, PeerEnd::Open);
+        shuttle::thread::yield_now();
+        conn.close().unwrap();
+        assert!(matches!(
+            conn.recv(Duration::from_millis(2)),
+            Ok(_) | Err(Error::Closed)
+        ));
+        drop(peer.join().unwrap());
+    }
+}
+
+/// Run `model` over PCT schedules, then random ones; the failing schedule's file when one
+/// fails. PCT makes few preemptions at well-chosen points, random ones many anywhere: each
+/// finds windows the other rarely does.
+fn explore(name: &str, model: Model, dir: &Path) -> Result<usize, PathBuf> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).unwrap();
-    let mut config = Config::new();
-    config.failure_persistence = FailurePersistence::File(Some(dir.to_path_buf()));
-    config.max_steps = MaxSteps::FailAfter(MAX_STEPS);
-    let runner = Runner::new(PctScheduler::new(DEPTH, schedules()), config);
-    match catch_unwind(AssertUnwindSafe(|| runner.run(model))) {
-        Ok(n) => {
-            println!("model {name}: {n} schedules explored (PCT, depth {DEPTH}), none failed");
-            Ok(n)
-        }
-        Err(_) => {
+    let model: std::sync::Arc<dyn Fn() + Send + Sync> = std::sync::Arc::from(model);
+    let mut total = 0;
+    for scheduler in ["PCT (depth 3)", "random"] {
+        let mut config = Config::new();
+        config.failure_persistence = FailurePersistence::File(Some(dir.to_path_buf()));
+        config.max_steps = MaxSteps::FailAfter(MAX_STEPS);
+        let m = std::sync::Arc::clone(&model);
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            if scheduler == "random" {
+                Runner::new(RandomScheduler::new(schedules()), config).run(move || m())
+            } else {
+                Runner::new(PctScheduler::new(DEPTH, schedules()), config).run(move || m())
+            }
+        }));
+        let Ok(n) = outcome else {
             let schedule = std::fs::read_dir(dir)
                 .unwrap()
                 .map(|e| e.unwrap().path())
                 .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
                 .expect("a failing schedule is written to a file");
             println!(
-                "model {name}: failed; its schedule is in {}",
+                "model {name}: a {scheduler} schedule failed; it is in {}",
                 schedule.display()
             );
-            Err(schedule)
-        }
+            return Err(schedule);
+        };
+        let queued = QUEUED.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let handed = HANDED_OVER.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let paths = if name.starts_with("teardown") {
+            String::new()
+        } else {
+            format!(
+                "; the receiver queued frames in {queued}, the read side changed hands in {handed}"
+            )
+        };
+        println!("model {name}: {n} {scheduler} schedules explored, none failed{paths}");
+        total += n;
     }
+    Ok(total)
 }
 
 fn scratch(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("wringer-model-{name}-{}", std::process::id()))
 }
 
-fn holds(name: &str, model: impl Fn() + Send + Sync + 'static) {
+fn holds(name: &str, model: Model) {
     assert!(set_model_bug(None));
     let dir = scratch(name);
     let n = explore(name, model, &dir).unwrap_or_else(|s| {
@@ -259,41 +311,47 @@ fn holds(name: &str, model: impl Fn() + Send + Sync + 'static) {
             s.display()
         )
     });
-    assert_eq!(n, schedules());
+    assert_eq!(n, 2 * schedules());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn one_caller_and_the_receiver_share_the_stream() {
-    holds("read-path-1", read_path(1, PeerEnd::Fin));
+    holds("read-path-1", Box::new(read_path(1, PeerEnd::Fin)));
 }
 
 #[test]
 fn two_callers_and_the_receiver_share_the_stream() {
-    holds("read-path-2", read_path(2, PeerEnd::Fin));
+    holds("read-path-2", Box::new(read_path(2, PeerEnd::Fin)));
 }
 
 #[test]
 fn a_reset_read_once_is_the_end_everyone_is_told() {
-    holds("reset-1", read_path(1, PeerEnd::Reset));
-    holds("reset-2", read_path(2, PeerEnd::Reset));
+    holds("reset-1", Box::new(read_path(1, PeerEnd::Reset)));
+    holds("reset-2", Box::new(read_path(2, PeerEnd::Reset)));
 }
 
 #[test]
 fn close_against_callers_in_recv_and_send() {
-    holds("teardown", teardown());
+    holds("teardown", Box::new(teardown()));
+}
+
+#[test]
+fn close_wakes_a_receiver_waiting_to_queue() {
+    holds("teardown-idle", Box::new(teardown_idle()));
 }
 
 type Model = Box<dyn Fn() + Send + Sync>;
 type MakeModel = fn() -> Model;
 
 /// Every model by name, made afresh.
-const MODELS: [(&str, MakeModel); 5] = [
+const MODELS: [(&str, MakeModel); 6] = [
     ("read-path-1", || Box::new(read_path(1, PeerEnd::Fin))),
     ("read-path-2", || Box::new(read_path(2, PeerEnd::Fin))),
     ("reset-1", || Box::new(read_path(1, PeerEnd::Reset))),
     ("reset-2", || Box::new(read_path(2, PeerEnd::Reset))),
     ("teardown", || Box::new(teardown())),
+    ("teardown-idle", || Box::new(teardown_idle())),
 ];
 
 /// With `bug` switched on, some model fails, and replaying the schedule it printed fails again.
@@ -336,6 +394,11 @@ fn queue_before_try_read_side_is_caught() {
 #[test]
 fn queue_after_read_side_is_caught() {
     caught("queue-after-read-side");
+}
+
+#[test]
+fn end_published_after_read_side_is_caught() {
+    caught("end-published-after-read-side");
 }
 
 #[test]
