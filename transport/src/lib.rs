@@ -31,6 +31,7 @@ mod sockopt;
 mod sync;
 #[cfg(feature = "rdma")]
 mod sync_marks;
+mod waits;
 
 pub use conn::{Connection, ConnectionOptions, ReadStats, Reader};
 #[cfg(not(wringer_model))]
@@ -51,4 +52,5 @@ pub mod model {
     pub use crate::injected::set_model_bug;
     pub use crate::model_socket::{pair, Socket};
     pub use crate::sync::{pass_time, reset_clock};
+    pub use crate::waits::{wait_for, Outcome, Placement, Table, Waits};
 }

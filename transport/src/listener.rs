@@ -14,13 +14,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Sender};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::conn::{Connection, ConnectionOptions};
 use crate::error::{Error, RejectReason, Result};
 use crate::handshake::{self, Hello};
 use crate::sockopt::SocketOptions;
+use crate::waits::{self, Outcome, Placement, Waits};
 
 #[derive(Clone, Copy, Debug)]
 pub struct ListenerOptions {
@@ -80,11 +80,6 @@ struct Counters {
     overloaded: AtomicU64,
 }
 
-struct Waiter {
-    generation: u64,
-    deliver: Sender<Result<Connection>>,
-}
-
 struct Handshake {
     /// Kept until the socket is handed on, so shutdown can cut a stalled hello short.
     socket: Option<Arc<Socket>>,
@@ -93,12 +88,9 @@ struct Handshake {
 
 #[derive(Default)]
 struct Table {
-    closed: bool,
-    /// Next generation `wait_for` hands out, per sequence.
-    next_generation: HashMap<u64, u64>,
-    pending: HashMap<u64, Waiter>,
-    /// Acked connections whose wait has not started yet, by (sequence, generation).
-    parked: HashMap<(u64, u64), Arc<Socket>>,
+    /// Who waits for which (sequence, generation), and acked connections whose wait has not
+    /// started yet.
+    waits: Waits<Arc<Socket>, Connection>,
     /// Handshake threads, joined once finished; none is ever detached.
     handshakes: HashMap<u64, Handshake>,
     next_handshake: u64,
@@ -166,81 +158,27 @@ impl Listener {
                 "wait_for timeout must be above zero (there is no 'wait forever')".into(),
             ));
         }
-        let (deliver, delivered) = bounded(1);
-        let generation = {
-            let mut t = self.shared.lock();
-            if t.closed {
-                return Err(Error::ListenerClosed);
-            }
-            if t.pending.contains_key(&sequence) {
-                return Err(Error::DuplicateWait { sequence });
-            }
-            let next = t.next_generation.get(&sequence).copied().unwrap_or(0);
-            if let Some(socket) = t.parked.remove(&(sequence, next)) {
-                t.next_generation.insert(sequence, next + 1);
-                drop(t);
-                self.shared.counters.matched.fetch_add(1, Ordering::Relaxed);
-                return Connection::from_shared(socket, self.shared.opts.connection);
-            }
-            if t.pending.len() >= self.shared.opts.max_pending {
-                return Err(Error::PendingLimit {
-                    max: self.shared.opts.max_pending,
-                });
-            }
-            t.next_generation.insert(sequence, next + 1);
-            t.pending.insert(
-                sequence,
-                Waiter {
-                    generation: next,
-                    deliver,
-                },
-            );
-            next
+        let opts = self.shared.opts.connection;
+        let (result, outcome) = waits::wait_for(
+            &*self.shared,
+            sequence,
+            timeout,
+            self.shared.opts.max_pending,
+            |socket| Connection::from_shared(socket, opts),
+        );
+        let counter = match outcome {
+            Outcome::Parked => &self.shared.counters.matched,
+            Outcome::TimedOut => &self.shared.counters.timed_out,
+            Outcome::Other => return result,
         };
-        if let Ok(result) = delivered.recv_timeout(timeout) {
-            return result;
-        }
-        #[cfg(feature = "bug-injection")]
-        if crate::injected::bug() == Some(crate::injected::Bug::LateTimer) {
-            self.shared.lock().pending.remove(&sequence);
-            return Err(Error::Timeout {
-                during: "waiting for a lazy connect",
-                after: timeout,
-            });
-        }
-        let mut t = self.shared.lock();
-        if t.pending
-            .get(&sequence)
-            .is_some_and(|w| w.generation == generation)
-        {
-            t.pending.remove(&sequence);
-            self.shared
-                .counters
-                .timed_out
-                .fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Timeout {
-                during: "waiting for a lazy connect",
-                after: timeout,
-            });
-        }
-        drop(t);
-        // Our entry is gone, so a deliverer took it under the lock and is about to send (it
-        // only has a connection to build). Bounded anyway.
-        delivered
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or(Err(Error::Timeout {
-                during: "handing over a matched connection",
-                after: timeout,
-            }))
+        counter.fetch_add(1, Ordering::Relaxed);
+        result
     }
 
     pub fn stats(&self) -> ListenerStats {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (pending, parked) = {
-            let t = self.shared.lock();
-            (t.pending.len(), t.parked.len())
-        };
+        let (pending, parked) = self.shared.lock().waits.sizes();
         ListenerStats {
             pending,
             parked,
@@ -263,11 +201,7 @@ impl Listener {
         };
         let handshakes = {
             let mut t = self.shared.lock();
-            t.closed = true;
-            for (_, waiter) in t.pending.drain() {
-                let _ = waiter.deliver.send(Err(Error::ListenerClosed));
-            }
-            t.parked.clear();
+            t.waits.close();
             std::mem::take(&mut t.handshakes)
         };
         // Linux wakes a thread blocked in accept() when its listening socket is shut down.
@@ -294,11 +228,17 @@ impl Shared {
     }
 }
 
+impl waits::Table<Arc<Socket>, Connection> for Shared {
+    fn with<R>(&self, f: impl FnOnce(&mut Waits<Arc<Socket>, Connection>) -> R) -> R {
+        f(&mut self.lock().waits)
+    }
+}
+
 fn accept_loop(listening: &Socket, shared: &Arc<Shared>) {
     loop {
         let accepted = listening.accept();
         let mut t = shared.lock();
-        if t.closed {
+        if t.waits.closed() {
             return;
         }
         reap_finished(&mut t);
@@ -384,7 +324,7 @@ fn serve_handshake(socket: Arc<Socket>, id: u64, shared: &Shared) {
             if result.is_ok() {
                 counters.matched.fetch_add(1, Ordering::Relaxed);
             }
-            let _ = waiter.deliver.send(result);
+            waiter.deliver(result);
         }
         Placement::Parked => {}
         Placement::Refused(socket, reason) => {
@@ -393,66 +333,43 @@ fn serve_handshake(socket: Arc<Socket>, id: u64, shared: &Shared) {
     }
 }
 
-enum Placement {
-    Deliver(Waiter, Arc<Socket>),
-    Parked,
-    Refused(Arc<Socket>, RejectReason),
-}
-
 /// Decide, under the table lock, where a greeted socket goes: to its waiter, parked for a wait
 /// that has not started, or refused. The ack is sent under the lock too (a tiny non-blocking
 /// write), so a delivered connection's data always follows its ack, and a parked socket is
 /// visible to the next `wait_for` the moment the decision is made.
-fn place(socket: Arc<Socket>, id: u64, hello: &Hello, shared: &Shared) -> Placement {
+fn place(
+    socket: Arc<Socket>,
+    id: u64,
+    hello: &Hello,
+    shared: &Shared,
+) -> Placement<Arc<Socket>, Connection> {
     let mut t = shared.lock();
-    if t.closed {
-        return Placement::Refused(socket, RejectReason::ListenerClosed);
-    }
-    let next = t.next_generation.get(&hello.sequence).copied().unwrap_or(0);
-    let key = (hello.sequence, hello.generation);
-    let waiting = t
-        .pending
-        .get(&hello.sequence)
-        .is_some_and(|w| w.generation == hello.generation);
-    if !waiting {
-        let refusal = if hello.generation < next {
-            shared
-                .counters
-                .stale_dropped
-                .fetch_add(1, Ordering::Relaxed);
-            Some(RejectReason::StaleGeneration)
-        } else if t.parked.contains_key(&key) {
-            Some(RejectReason::Duplicate)
-        } else if t.parked.len() >= shared.opts.max_parked {
-            shared.counters.overloaded.fetch_add(1, Ordering::Relaxed);
-            Some(RejectReason::Overloaded)
-        } else {
-            None
-        };
-        if let Some(reason) = refusal {
-            return Placement::Refused(socket, reason);
+    let placement = t.waits.place(
+        hello.sequence,
+        hello.generation,
+        socket,
+        shared.opts.max_parked,
+        |s| handshake::accept(s, Duration::from_millis(100)).is_ok(),
+    );
+    let c = &shared.counters;
+    match &placement {
+        Placement::Refused(_, RejectReason::StaleGeneration) => {
+            c.stale_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        Placement::Refused(_, RejectReason::Overloaded) => {
+            c.overloaded.fetch_add(1, Ordering::Relaxed);
+        }
+        // The ack failed: the peer vanished between hello and ack.
+        Placement::Refused(_, RejectReason::Malformed) => {
+            c.handshake_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        Placement::Refused(..) => {}
+        Placement::Deliver(..) | Placement::Parked => {
+            // From here the socket belongs to a connection: shutdown no longer needs our clone.
+            if let Some(h) = t.handshakes.get_mut(&id) {
+                h.socket = None;
+            }
         }
     }
-    if handshake::accept(&socket, Duration::from_millis(100)).is_err() {
-        // The peer vanished between hello and ack; a waiter keeps waiting.
-        shared
-            .counters
-            .handshake_failed
-            .fetch_add(1, Ordering::Relaxed);
-        return Placement::Refused(socket, RejectReason::Malformed);
-    }
-    // From here the socket belongs to a connection: shutdown no longer needs our clone.
-    if let Some(h) = t.handshakes.get_mut(&id) {
-        h.socket = None;
-    }
-    if waiting {
-        let waiter = t
-            .pending
-            .remove(&hello.sequence)
-            .expect("checked above under the same lock");
-        Placement::Deliver(waiter, socket)
-    } else {
-        t.parked.insert(key, socket);
-        Placement::Parked
-    }
+    placement
 }

@@ -163,6 +163,8 @@ mod model {
         pub(crate) struct Sender<T>(Arc<Shared<T>>);
         pub(crate) struct Receiver<T>(Arc<Shared<T>>);
 
+        const LONG_WAIT: Duration = Duration::from_secs(1);
+
         #[derive(Debug, PartialEq, Eq)]
         pub(crate) enum RecvTimeoutError {
             Timeout,
@@ -204,8 +206,24 @@ mod model {
                 Ok(item)
             }
 
-            /// A bounded wait ends at any moment: one look, then (empty) a timeout.
-            pub(crate) fn recv_timeout(&self, _: Duration) -> Result<T, RecvTimeoutError> {
+            /// A short bounded wait ends at any moment: one look, then (empty) a timeout. A
+            /// long one (a second or more: a backstop correct code never reaches, since its
+            /// sender only has to finish what it started) waits for an item, as shuttle's
+            /// own timeouts do, so that one that never comes is a deadlock the model reports.
+            pub(crate) fn recv_timeout(&self, d: Duration) -> Result<T, RecvTimeoutError> {
+                if d >= LONG_WAIT {
+                    let mut s = self.0.state.lock().unwrap();
+                    loop {
+                        if let Some(item) = s.queue.pop_front() {
+                            self.0.changed.notify_all();
+                            return Ok(item);
+                        }
+                        if s.senders == 0 {
+                            return Err(RecvTimeoutError::Disconnected);
+                        }
+                        s = self.0.changed.wait(s).unwrap();
+                    }
+                }
                 {
                     let mut s = self.0.state.lock().unwrap();
                     if let Some(item) = s.queue.pop_front() {
