@@ -36,18 +36,16 @@ fn marker() -> String {
     )
 }
 
-fn wringer(marker: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(WRINGER);
-    c.args(args)
-        .current_dir(workspace())
-        .env("WRINGER_TEST_MARKER", marker)
-        .env("CI", "true");
+/// wringer with `args`, its processes marked `marker` (see `common::processes_with`).
+fn marked(marker: &str, args: &[&str]) -> Command {
+    let mut c = common::wringer();
+    c.args(args).env("WRINGER_TEST_MARKER", marker);
     c
 }
 
 /// Start a run in the background (output discarded) for tests that act on it while it runs.
 fn spawn_run(marker: &str, args: &[&str]) -> std::process::Child {
-    wringer(marker, args)
+    marked(marker, args)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -72,7 +70,7 @@ fn report_dir(tag: &str) -> PathBuf {
 fn passing_scenario_exits_zero_with_all_reports() {
     let dir = report_dir("pass");
     let m = marker();
-    let out = run_to_end(wringer(
+    let out = run_to_end(marked(
         &m,
         &[
             "run",
@@ -102,7 +100,7 @@ fn passing_scenario_exits_zero_with_all_reports() {
 #[test]
 fn unmet_expectation_is_a_failure_with_exit_one() {
     let dir = report_dir("impossible");
-    let out = run_to_end(wringer(
+    let out = run_to_end(marked(
         &marker(),
         &[
             "run",
@@ -150,7 +148,7 @@ fn broken_yaml_is_exit_two_with_file_line_and_column() {
         ),
     ] {
         let path = fixture(file);
-        let out = run_to_end(wringer(
+        let out = run_to_end(marked(
             &marker(),
             &[
                 "run",
@@ -166,7 +164,7 @@ fn broken_yaml_is_exit_two_with_file_line_and_column() {
             "{file}: {err}"
         );
         assert!(err.contains(what), "{file}: {err}");
-        let v = run_to_end(wringer(&marker(), &["validate", path.to_str().unwrap()]));
+        let v = run_to_end(marked(&marker(), &["validate", path.to_str().unwrap()]));
         assert_eq!(v.status.code(), Some(2));
     }
 }
@@ -176,7 +174,7 @@ fn hung_rank_fires_the_watchdog_with_stacks_and_leaves_nothing() {
     let dir = report_dir("hang");
     let m = marker();
     let started = Instant::now();
-    let out = run_to_end(wringer(
+    let out = run_to_end(marked(
         &m,
         &[
             "run",
@@ -211,7 +209,7 @@ fn eight_hung_ranks_are_frozen_at_once_and_their_stacks_read_in_parallel() {
     let dir = report_dir("hang8");
     let m = marker();
     let started = Instant::now();
-    let out = run_to_end(wringer(
+    let out = run_to_end(marked(
         &m,
         &[
             "run",
@@ -401,7 +399,7 @@ fn placeholder_inventories_are_refused_before_any_connection() {
         "hosts/mi300x-pair.yaml",
     ] {
         let started = Instant::now();
-        let out = run_to_end(wringer(
+        let out = run_to_end(marked(
             &marker(),
             &[
                 "run",
@@ -423,7 +421,7 @@ fn placeholder_inventories_are_refused_before_any_connection() {
             started.elapsed()
         );
         assert_eq!(
-            run_to_end(wringer(&marker(), &["validate", inv]))
+            run_to_end(marked(&marker(), &["validate", inv]))
                 .status
                 .code(),
             Some(2)
@@ -465,7 +463,7 @@ fn hostile_inventory_values_are_refused_and_never_run() {
             "name: hostile\ndescription: d\nkind: ssh\ncoordinator_addr: 127.0.0.1\nhosts:\n  - name: h\n    {ssh}\n    data_addr: 127.0.0.1\n"
         );
         let inv = write_inventory(field, &body);
-        let out = run_to_end(wringer(
+        let out = run_to_end(marked(
             &marker(),
             &[
                 "run",
@@ -503,7 +501,7 @@ fn unreachable_host_fails_fast_with_a_clear_message() {
     );
     let inv = write_inventory("unreachable", &body);
     let started = Instant::now();
-    let out = run_to_end(wringer(
+    let out = run_to_end(marked(
         &marker(),
         &[
             "run",
@@ -551,7 +549,7 @@ fn a_closed_stdout_is_not_a_panic() {
 #[test]
 fn probe_json_names_the_gpu_vendor_and_runtime_or_why_there_is_none() {
     let m = marker();
-    let out = run_to_end(wringer(&m, &["probe", "--json"]));
+    let out = run_to_end(marked(&m, &["probe", "--json"]));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let facts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     match facts["gpus"].as_array().unwrap().first() {
@@ -611,7 +609,7 @@ fn gpu_scenarios_skip_with_the_no_gpu_reason_where_there_is_no_gpu() {
     } else {
         eprintln!("no soft-RoCE VM here yet: gpu-pingpong-rdma left out");
     }
-    let out = run_to_end(wringer(&m, &args));
+    let out = run_to_end(marked(&m, &args));
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let r = results(&dir);
     let host = &r["hosts"][0];

@@ -20,11 +20,10 @@ fn temp(name: &str) -> PathBuf {
     d
 }
 
-fn wringer(args: &[&str], bug: &str) -> Output {
-    Command::new(WRINGER)
-        .current_dir(repo())
+/// wringer with `args` and the transport bug `bug` switched on ("" for none).
+fn with_bug(args: &[&str], bug: &str) -> Output {
+    common::wringer()
         .args(args)
-        .env("CI", "true")
         .env("WRINGER_TRANSPORT_BUG", bug)
         .output()
         .unwrap()
@@ -42,7 +41,7 @@ fn run_fixture(file: &str, extra: &[&str], dir: &Path, bug: &str) -> Output {
     let mut args = vec!["run", file];
     args.extend_from_slice(extra);
     args.extend(["--report-dir", d.as_str()]);
-    wringer(&args, bug)
+    with_bug(&args, bug)
 }
 
 /// A printed line, run as the user would paste it (`wringer` is this build), with more words.
@@ -296,11 +295,11 @@ fn wringer_audit_flags_a_broken_program_and_passes_correct_ones_and_gloo() {
 
 #[test]
 fn a_shrink_without_the_attempt_it_shrinks_is_bad_input() {
-    let out = wringer(&["shrink", "scenarios/tcp-teardown-cycles.yaml"], "none");
+    let out = with_bug(&["shrink", "scenarios/tcp-teardown-cycles.yaml"], "none");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--seed and --attempt"), "{err}");
-    let out = wringer(
+    let out = with_bug(
         &["run", "--shrink", "scenarios/tcp-teardown-cycles.yaml"],
         "none",
     );

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const WRINGER: &str = env!("CARGO_BIN_EXE_wringer");
+mod common;
+
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -30,11 +31,10 @@ fn chromium() -> PathBuf {
     panic!("no Chromium on PATH: install Debian's `chromium` (`just test` and .ci/run do)");
 }
 
-fn wringer(args: &[&str]) -> Output {
-    Command::new(WRINGER)
+/// wringer's output for `args`, with no input.
+fn output_of(args: &[&str]) -> Output {
+    common::wringer()
         .args(args)
-        .current_dir(workspace())
-        .env("CI", "true")
         .stdin(Stdio::null())
         .output()
         .unwrap()
@@ -89,7 +89,7 @@ fn report_page_shows_every_scenario_with_its_verdict_in_chromium() {
     let _ = std::fs::remove_dir_all(&tmp);
     let run = tmp.join("run");
     let fixture = workspace().join("harness/tests/fixtures/impossible.yaml");
-    let out = wringer(&[
+    let out = output_of(&[
         "run",
         "scenarios/tcp-exact-reads.yaml",
         "scenarios/tcp-pingpong-8rank.yaml",
@@ -106,7 +106,7 @@ fn report_page_shows_every_scenario_with_its_verdict_in_chromium() {
     );
     let page = tmp.join("site/index.html");
     let history = tmp.join("history.jsonl");
-    let out = wringer(&[
+    let out = output_of(&[
         "report",
         run.to_str().unwrap(),
         "--history",

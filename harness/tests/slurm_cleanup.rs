@@ -5,25 +5,18 @@
 //! Each case starts its own cluster (hosts/slurm-containers.yaml) and ranks that hold their
 //! step. The verdicts are read from the run's results.json as typed failures.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{repo, wringer};
 use wringer::model::failure::{Failure, FailureKind};
 use wringer::model::result::ScenarioResult;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn out_dir() -> PathBuf {
     repo().join("reports/slurm-cleanup")
-}
-
-fn wringer() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_wringer"));
-    c.current_dir(repo()).env("CI", "true");
-    c
 }
 
 /// A run of hosts/slurm/hold.yaml whose ranks hold their step.

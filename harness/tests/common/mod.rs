@@ -10,6 +10,14 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The wringer binary under test, run from the repository root as CI runs it (`CI=true`: plain
+/// progress lines).
+pub fn wringer() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_wringer"));
+    c.current_dir(repo()).env("CI", "true");
+    c
+}
+
 /// The failures of a `results.json` scenario entry, read as the typed records they are, each
 /// as `[kind] sentence` (`[bound] repeat 0: ...`).
 pub fn failures(scenario: &serde_json::Value) -> Vec<String> {
