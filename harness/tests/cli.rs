@@ -173,7 +173,6 @@ fn broken_yaml_is_exit_two_with_file_line_and_column() {
 fn hung_rank_fires_the_watchdog_with_stacks_and_leaves_nothing() {
     let dir = report_dir("hang");
     let m = marker();
-    let started = Instant::now();
     let out = run_to_end(marked(
         &m,
         &[
@@ -184,11 +183,6 @@ fn hung_rank_fires_the_watchdog_with_stacks_and_leaves_nothing() {
         ],
     ));
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        started.elapsed() < Duration::from_secs(50),
-        "the watchdog took {:?}",
-        started.elapsed()
-    );
     let s = &results(&dir)["scenarios"][0];
     assert_eq!(s["verdict"], "fail");
     let reason = s["reason"].as_str().unwrap();
@@ -208,7 +202,6 @@ fn hung_rank_fires_the_watchdog_with_stacks_and_leaves_nothing() {
 fn eight_hung_ranks_are_frozen_at_once_and_their_stacks_read_in_parallel() {
     let dir = report_dir("hang8");
     let m = marker();
-    let started = Instant::now();
     let out = run_to_end(marked(
         &m,
         &[
@@ -218,19 +211,30 @@ fn eight_hung_ranks_are_frozen_at_once_and_their_stacks_read_in_parallel() {
             dir.to_str().unwrap(),
         ],
     ));
-    let took = started.elapsed();
     assert_eq!(out.status.code(), Some(1));
-    // One after another (gdb on each) this took 15-22 s; frozen first and read in parallel,
-    // with gdb for two of them, it ends within the budget (1 s deadline + 4 s for gdb).
-    assert!(took < Duration::from_secs(12), "the watchdog took {took:?}");
     let stacks = results(&dir)["scenarios"][0]["evidence"]["stacks"]
         .as_array()
         .unwrap()
         .clone();
     assert_eq!(stacks.len(), 8, "a stack capture per rank");
-    assert!(stacks
+    let texts: Vec<&str> = stacks
         .iter()
-        .all(|st| st["text"].as_str().unwrap().contains("--- thread")));
+        .map(|st| st["text"].as_str().unwrap())
+        .collect();
+    assert!(texts.iter().all(|t| t.contains("--- thread")));
+    // Frozen at once, before any stack was read: every thread of every rank was stopped when
+    // its kernel stack was taken (the evidence, not the wall clock, of one freeze for all).
+    for t in &texts {
+        for header in t.lines().filter(|l| l.starts_with("--- thread")) {
+            assert!(
+                header.contains(" state=T "),
+                "not frozen when read: {header}"
+            );
+        }
+    }
+    // gdb, slow and a core each, for the first two only: kernel stacks for all eight.
+    let with_gdb = texts.iter().filter(|t| t.contains("--- gdb")).count();
+    assert!(with_gdb <= 2, "{with_gdb} ranks read with gdb");
     assert!(processes_with(&m).is_empty(), "ranks outlived the run");
 }
 
@@ -344,7 +348,6 @@ fn rendezvous_connection_with_a_wrong_token_is_rejected() {
 fn a_stranger_dribbling_bytes_into_the_rendezvous_cannot_hold_the_run_open() {
     let dir = report_dir("dribble");
     let m = marker();
-    let started = Instant::now();
     let child = spawn_run(
         &m,
         &[
@@ -356,30 +359,39 @@ fn a_stranger_dribbling_bytes_into_the_rendezvous_cannot_hold_the_run_open() {
     );
     let addr = rendezvous_of(wait_for_ranks(&m, 1)[0]);
     // Forty strangers, each sending a byte every 2 s and never a newline, until cut off.
+    // Each returns whether it was cut off before its 30th byte (60 s): a run they could hold
+    // open would let every one of them finish.
     let dribblers: Vec<_> = (0..40)
         .map(|_| {
             let addr = addr.clone();
             std::thread::spawn(move || {
                 let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
-                    return;
+                    return true;
                 };
                 for _ in 0..30 {
                     if s.write_all(b"{").is_err() {
-                        return;
+                        return true;
                     }
                     std::thread::sleep(Duration::from_secs(2));
                 }
+                false
             })
         })
         .collect();
     let out = child.wait_with_output().unwrap();
-    let took = started.elapsed();
     assert_eq!(out.status.code(), Some(0));
-    // The scenario stalls 3 s; the strangers must not stretch the run toward their 60 s.
-    assert!(took < Duration::from_secs(20), "the run took {took:?}");
     let s = &results(&dir)["scenarios"][0];
     assert_eq!(s["verdict"], "pass");
-    drop(dribblers);
+    // The run ended and closed the rendezvous under them: every stranger was cut off.
+    let cut = dribblers
+        .into_iter()
+        .map(|d| d.join().unwrap())
+        .filter(|cut| *cut)
+        .count();
+    assert_eq!(
+        cut, 40,
+        "strangers that dribbled to the end held the run open"
+    );
     assert!(processes_with(&m).is_empty());
 }
 
@@ -393,13 +405,29 @@ fn write_inventory(tag: &str, body: &str) -> PathBuf {
 
 #[test]
 fn placeholder_inventories_are_refused_before_any_connection() {
+    // An ssh first on PATH that records being started: refused before any connection means
+    // it never runs.
+    let bin = std::env::temp_dir().join(format!("wringer-fake-ssh-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).unwrap();
+    let ssh_log = bin.join("ssh-was-started");
+    let fake = bin.join("ssh");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\ntouch '{}'\nexit 255\n", ssh_log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     for inv in [
         "hosts/dgx-spark-pair.yaml",
         "hosts/a100-pair.yaml",
         "hosts/mi300x-pair.yaml",
     ] {
-        let started = Instant::now();
-        let out = run_to_end(marked(
+        let mut cmd = marked(
             &marker(),
             &[
                 "run",
@@ -408,7 +436,9 @@ fn placeholder_inventories_are_refused_before_any_connection() {
                 "--report-dir",
                 report_dir("placeholder").to_str().unwrap(),
             ],
-        ));
+        );
+        cmd.env("PATH", &path);
+        let out = run_to_end(cmd);
         assert_eq!(out.status.code(), Some(2), "{inv}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -416,9 +446,8 @@ fn placeholder_inventories_are_refused_before_any_connection() {
             "{inv}: {err}"
         );
         assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{inv}: took {:?}",
-            started.elapsed()
+            !ssh_log.exists(),
+            "{inv}: ssh was started before the placeholders were refused"
         );
         assert_eq!(
             run_to_end(marked(&marker(), &["validate", inv]))
@@ -500,7 +529,6 @@ fn unreachable_host_fails_fast_with_a_clear_message() {
         "name: unreachable\ndescription: d\nkind: ssh\ncoordinator_addr: 127.0.0.1\nhosts:\n  - name: gone\n    ssh: {{ host: 127.0.0.1, port: {port} }}\n    data_addr: 127.0.0.1\n  - name: gone-too\n    ssh: {{ host: 127.0.0.1, port: {port} }}\n    data_addr: 127.0.0.1\n"
     );
     let inv = write_inventory("unreachable", &body);
-    let started = Instant::now();
     let out = run_to_end(marked(
         &marker(),
         &[
@@ -517,11 +545,6 @@ fn unreachable_host_fails_fast_with_a_clear_message() {
     assert!(
         err.contains("reaching gone over SSH") && err.contains("ssh could not connect"),
         "{err}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "took {:?}",
-        started.elapsed()
     );
 }
 

@@ -11,7 +11,6 @@ use serde_json::Value;
 
 mod common;
 
-
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

@@ -131,8 +131,14 @@ pub fn capture_stacks(pid: u32, gdb_limit: Option<Duration>) -> String {
             let syscall = std::fs::read_to_string(base.join("syscall")).unwrap_or_default();
             let stack = std::fs::read_to_string(base.join("stack"))
                 .unwrap_or_else(|e| format!("(unreadable: {e})\n"));
+            // The state when read (T: stopped, as the watchdog freezes a hung rank first).
+            let stat = std::fs::read_to_string(base.join("stat")).unwrap_or_default();
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next())
+                .unwrap_or("?");
             out.push_str(&format!(
-                "--- thread {tid} ({}) wchan={} syscall={}\n{stack}",
+                "--- thread {tid} ({}) state={state} wchan={} syscall={}\n{stack}",
                 name.trim(),
                 wchan.trim(),
                 syscall.split_whitespace().next().unwrap_or("?")
