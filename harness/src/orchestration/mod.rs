@@ -8,6 +8,7 @@ pub mod coordinator;
 pub mod events;
 pub mod happens_before;
 pub mod launcher;
+pub mod observer;
 pub mod policy;
 pub mod preflight;
 pub mod runner;

@@ -17,13 +17,12 @@ const CHECK_LIMIT: Duration = Duration::from_secs(30);
 pub fn unmet(needs: &[Preflight], placement: &Placement) -> Option<SkipReason> {
     for need in needs {
         let failed = if placement.hosts().is_empty() {
-            local(need).err()
+            unmet_here(need)
         } else {
-            placement.hosts().iter().find_map(|h| {
-                remote(need, h)
-                    .err()
-                    .map(|why| format!("on {}: {why}", h.target.name))
-            })
+            placement
+                .hosts()
+                .iter()
+                .find_map(|h| unmet_on(need, h).map(|why| format!("on {}: {why}", h.target.name)))
         };
         if let Some(detail) = failed {
             let code = match need {
@@ -36,31 +35,28 @@ pub fn unmet(needs: &[Preflight], placement: &Placement) -> Option<SkipReason> {
     None
 }
 
-fn local(need: &Preflight) -> Result<(), String> {
+/// Why this machine does not meet `need`, or None when it does.
+fn unmet_here(need: &Preflight) -> Option<String> {
     match need {
-        Preflight::Program { name, package } => {
-            if crate::hosts::programs::runnable(name) {
-                Ok(())
-            } else {
-                Err(programs::missing(name, package.as_deref()))
-            }
-        }
+        Preflight::Program { name, package } => (!crate::hosts::programs::runnable(name))
+            .then(|| programs::missing(name, package.as_deref())),
         Preflight::Check { command, reason } => {
             let words: Vec<&str> = command.iter().map(String::as_str).collect();
             match child::run_bounded(&words, CHECK_LIMIT) {
-                Ok((Some(s), _)) if s.success() => Ok(()),
-                Ok((Some(s), _)) => Err(format!("{reason} (`{}` exited {s})", command.join(" "))),
-                Ok((None, _)) => Err(format!(
+                Ok((Some(s), _)) if s.success() => None,
+                Ok((Some(s), _)) => Some(format!("{reason} (`{}` exited {s})", command.join(" "))),
+                Ok((None, _)) => Some(format!(
                     "{reason} (`{}` ran past {CHECK_LIMIT:?})",
                     command.join(" ")
                 )),
-                Err(why) => Err(format!("{reason} ({why})")),
+                Err(why) => Some(format!("{reason} ({why})")),
             }
         }
     }
 }
 
-fn remote(need: &Preflight, host: &RemoteHost) -> Result<(), String> {
+/// Why `host` does not meet `need`, or None when it does.
+fn unmet_on(need: &Preflight, host: &RemoteHost) -> Option<String> {
     let target = &host.target;
     let shipped = programs::remote_search_path(&host.exe);
     let (words, why): (Vec<&str>, String) = match need {
@@ -82,9 +78,9 @@ fn remote(need: &Preflight, host: &RemoteHost) -> Result<(), String> {
         ),
     };
     match target.run(&words, CHECK_LIMIT) {
-        Ok(out) if out.status.success() => Ok(()),
-        Ok(_) => Err(why),
-        Err(e) => Err(format!("{why}: {e:#}")),
+        Ok(out) if out.status.success() => None,
+        Ok(_) => Some(why),
+        Err(e) => Some(format!("{why}: {e:#}")),
     }
 }
 

@@ -24,7 +24,7 @@ use crate::model::scenario::{AuditBackend, AuditCheck, Fault, FaultAction, Named
 use crate::model::suppression::Suppression;
 use crate::orchestration::launcher::Tracing;
 use crate::orchestration::launcher::{RankGroup, StepLimits};
-use crate::orchestration::{audit, call_sites, verbs_audit};
+use crate::orchestration::observer;
 use crate::rank::protocol::{read_line, write_line, CoordMsg, RankMsg, StepReport};
 use crate::rank::steps::{Step, StruckFault};
 use std::collections::BTreeMap;
@@ -235,16 +235,26 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             ));
         }
     }
+    // Every observer the plan's checks asked for, run the same way.
+    let syscalls = observer::Syscalls {
+        checks: plan.audit.to_vec(),
+        hung: outcome.hang.is_some(),
+    };
+    let mut observers: Vec<&dyn observer::Observer> = vec![];
     if tracing.as_ref().is_some_and(Tracing::syscalls) {
-        attempt.audit = audit_traces(
-            plan,
-            &group,
-            outcome.hang.is_some(),
-            &mut attempt.audit_suppressed,
-        );
+        observers.push(&syscalls);
     }
     if tracing.as_ref().is_some_and(Tracing::verbs) {
-        attempt.audit.extend(audit_verbs_traces(plan, &group));
+        observers.push(&observer::Verbs);
+    }
+    for o in observers {
+        attempt.audit.extend(observer::audit(
+            o,
+            &group,
+            plan.ranks,
+            plan.suppressions,
+            &mut attempt.audit_suppressed,
+        ));
     }
     // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
     unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
@@ -406,190 +416,7 @@ fn drive(
     Ok(())
 }
 
-/// The audit's violations in every rank's trace (fetched from remote hosts first). A missing
-/// or empty trace is itself a failure: an audit that saw nothing proves nothing.
-fn audit_traces(
-    plan: &Plan,
-    group: &RankGroup,
-    hung: bool,
-    suppressed: &mut BTreeMap<String, u32>,
-) -> Vec<Failure> {
-    let checks: Vec<AuditCheck> = plan.audit.to_vec();
-    let mut found = vec![];
-    let mut traces: Vec<(u32, String)> = vec![];
-    for rank in 0..plan.ranks {
-        let path = group.trace_path(rank);
-        let text = match group.fetch_trace(rank) {
-            Ok(t) if !t.trim().is_empty() => t,
-            Ok(_) => {
-                found.push(violation(
-                    rank,
-                    format!("rank {rank}'s trace {} is empty", path.display()),
-                ));
-                continue;
-            }
-            Err(e) => {
-                found.push(violation(
-                    rank,
-                    format!("rank {rank}'s trace could not be read: {e:#}"),
-                ));
-                continue;
-            }
-        };
-        let lost = crate::hosts::syscall_trace::lost_events(&text);
-        if lost > 0 {
-            // A trace with holes could hide the very close it should show: never clean.
-            found.push(violation(
-                rank,
-                format!(
-                    "rank {rank}'s trace {} is incomplete: the eBPF ring buffer dropped {lost} events",
-                    path.display()
-                ),
-            ));
-        }
-        traces.push((rank, text));
-    }
-    // Each rank's trace is read on a thread of its own: the checker is pure, and a run's end
-    // waits for the slowest trace, not their sum.
-    let analysed: Vec<(u32, Option<Vec<audit::Violation>>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = traces
-            .iter()
-            .map(|(rank, text)| {
-                let checks = &checks;
-                (
-                    *rank,
-                    s.spawn(move || audit::analyse_after(text, checks, hung)),
-                )
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|(rank, h)| (rank, h.join().ok()))
-            .collect()
-    });
-    for (rank, violations) in analysed {
-        let Some(violations) = violations else {
-            // A checker that failed proves nothing: never clean.
-            found.push(violation(
-                rank,
-                format!("rank {rank}'s trace could not be checked: the checker panicked"),
-            ));
-            continue;
-        };
-        let path = group.trace_path(rank);
-        let mut violations = violations;
-        if group.runs_here(rank) {
-            // Call sites by name, from the module maps the sync observer left.
-            let modules = call_sites::load(&group.sync_maps_prefix(rank));
-            for v in &mut violations {
-                if let Some(m) = modules.get(&v.pid) {
-                    v.detail = call_sites::annotate(&v.detail, m);
-                    if v.program.is_none() {
-                        v.program = m.program.clone();
-                    }
-                }
-            }
-        }
-        // A hang's cycle comes from the observer's state; the threads' stacks, taken before
-        // the harness ended them, are the evidence beside it.
-        let log = group.log_path(rank);
-        for v in violations.iter_mut().filter(|v| v.check == "deadlock") {
-            v.detail
-                .push_str(&format!("; the threads' stacks: {}", log.display()));
-        }
-        violations.retain(|v| {
-            let by = plan
-                .suppressions
-                .iter()
-                .find(|s| s.matches(v.check, v.program.as_deref(), &v.detail));
-            if let Some(s) = by {
-                *suppressed.entry(s.label()).or_default() += 1;
-            }
-            by.is_none()
-        });
-        report_violations(
-            &mut found,
-            rank,
-            &format!("rank {rank}"),
-            &violations,
-            &path,
-        );
-    }
-    found
-}
-
-/// A rank's violations as failures (the first few, then how many more), each naming its trace.
-fn report_violations(
-    found: &mut Vec<Failure>,
-    rank: u32,
-    label: &str,
-    violations: &[impl std::fmt::Display],
-    trace: &std::path::Path,
-) {
-    let shown = violations.len().min(MAX_VIOLATIONS_SHOWN);
-    for v in &violations[..shown] {
-        found.push(violation(
-            rank,
-            format!("{label}: {v}\n    (trace: {})", trace.display()),
-        ));
-    }
-    if violations.len() > shown {
-        found.push(violation(
-            rank,
-            format!(
-                "{label}: {} more violations in {}",
-                violations.len() - shown,
-                trace.display()
-            ),
-        ));
-    }
-}
-
-/// The verbs audit's violations in every trace the ranks' processes wrote. A run in which no
-/// process of any rank touched verbs proves nothing, and says so.
-fn audit_verbs_traces(plan: &Plan, group: &RankGroup) -> Vec<Failure> {
-    let mut found = vec![];
-    let mut traces = 0;
-    for rank in 0..plan.ranks {
-        let files = match group.fetch_verbs_traces(rank) {
-            Ok(f) => f,
-            Err(e) => {
-                found.push(violation(
-                    rank,
-                    format!("rank {rank}'s verbs traces could not be read: {e:#}"),
-                ));
-                continue;
-            }
-        };
-        for (path, text) in files {
-            traces += 1;
-            let violations = verbs_audit::analyse(&text);
-            let exe = text
-                .lines()
-                .next()
-                .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("exe=")))
-                .unwrap_or("?");
-            let label = format!("rank {rank} ({exe}) verbs");
-            report_violations(&mut found, rank, &label, &violations, &path);
-        }
-    }
-    if traces == 0 && found.is_empty() {
-        found.push(Failure::AuditViolation {
-            rank: None,
-            detail: "the verbs audit saw no verbs call in any rank or program they started: an audit that saw nothing proves nothing".into(),
-        });
-    }
-    found
-}
-
 pub use crate::model::failure::COORDINATOR;
-
-fn violation(rank: u32, detail: String) -> Failure {
-    Failure::AuditViolation {
-        rank: Some(rank),
-        detail,
-    }
-}
 
 /// Evidence derived from every rank's report of a step (see `StepKind::reconcile`), reported
 /// as the coordinator's own.
@@ -626,9 +453,6 @@ fn reconcile(steps: &[Step], attempt: &mut Attempt) {
         attempt.reports.push((COORDINATOR, r));
     }
 }
-
-/// Violations quoted per rank; the rest are counted (the trace holds them all).
-const MAX_VIOLATIONS_SHOWN: usize = 5;
 
 /// Strike: a signal to the rank, or an action on its host (where the backend can).
 fn apply_fault(
