@@ -71,6 +71,26 @@ impl Socket {
         l
     }
 
+    /// Wait for a change; a close of this side meanwhile fails the model (the waiting thread
+    /// `doing` something with it would use a closed number next).
+    fn wait<'a>(
+        &self,
+        l: shuttle::sync::MutexGuard<'a, Link>,
+        doing: &str,
+    ) -> shuttle::sync::MutexGuard<'a, Link> {
+        let l = self
+            .shared
+            .changed
+            .wait(l)
+            .unwrap_or_else(|p| p.into_inner());
+        assert!(
+            !l.closed[self.side],
+            "use after close: descriptor {} closed while a thread {doing}",
+            self.fd
+        );
+        l
+    }
+
     fn peer(&self) -> usize {
         1 - self.side
     }
@@ -144,16 +164,7 @@ impl Socket {
                 let l = self.link();
                 return Ok(self.readable(&l));
             }
-            l = self
-                .shared
-                .changed
-                .wait(l)
-                .unwrap_or_else(|p| p.into_inner());
-            assert!(
-                !l.closed[self.side],
-                "use after close: descriptor {} closed while a thread waited in poll on it",
-                self.fd
-            );
+            l = self.wait(l, "waited in poll on it");
         }
     }
 
@@ -206,16 +217,7 @@ impl Read for &Socket {
             if let Some(read) = self.take_bytes(&mut l, bufs) {
                 return read;
             }
-            l = self
-                .shared
-                .changed
-                .wait(l)
-                .unwrap_or_else(|p| p.into_inner());
-            assert!(
-                !l.closed[self.side],
-                "use after close: descriptor {} closed while a thread was reading it",
-                self.fd
-            );
+            l = self.wait(l, "was reading it");
         }
     }
 }
