@@ -79,6 +79,16 @@ fn hex(a: u64) -> String {
     format!("{a:#x}")
 }
 
+/// A call site by address; 0 is a marker a program sent itself (wringer's Rust transport,
+/// `sync_marks.rs`), which carries none.
+fn site(a: u64) -> String {
+    if a == 0 {
+        "a site it does not record (a marker the program sends itself)".into()
+    } else {
+        hex(a)
+    }
+}
+
 impl WaitFor {
     /// `tid` holds `lock` from here; `tried`: it took it by a try-lock, which never blocks, so
     /// it closes no lock-order cycle and is no taker a holder could stall.
@@ -189,7 +199,7 @@ impl WaitFor {
                 WaitKind::Lock => self.held.iter().find_map(|(t, held)| {
                     let h = held.iter().find(|h| h.lock == w.object)?;
                     (*t != w.tid)
-                        .then(|| (*t, format!("held by thread {t} (taken at {})", hex(h.site))))
+                        .then(|| (*t, format!("held by thread {t} (taken at {})", site(h.site))))
                 }),
                 WaitKind::Join => {
                     let t = *self.handles.get(&w.object)?;
@@ -214,7 +224,7 @@ impl WaitFor {
                     at,
                     format!(
                         "thread {at} waits (at {}) for {}{}{}",
-                        hex(w.site),
+                        site(w.site),
                         what,
                         if what.is_empty() { "" } else { " " },
                         why
@@ -247,10 +257,10 @@ impl WaitFor {
 
     fn lock_name(&self, lock: u64) -> String {
         match self.first.get(&lock) {
-            Some((t, site, _)) => format!(
+            Some((t, at, _)) => format!(
                 "lock {} (first taken by thread {t} at {})",
                 hex(lock),
-                hex(*site)
+                site(*at)
             ),
             None => format!("lock {}", hex(lock)),
         }
@@ -285,7 +295,7 @@ impl WaitFor {
                             w.tid,
                             w.kind.noun(),
                             self.waited(w),
-                            hex(w.site)
+                            site(w.site)
                         ),
                         lines: vec![w.line],
                     }),
@@ -380,9 +390,9 @@ impl WaitFor {
                         w.tid,
                         w.kind.noun(),
                         self.waited(w),
-                        hex(w.site),
+                        site(w.site),
                         self.lock_name(h.lock),
-                        hex(h.site)
+                        site(h.site)
                     ),
                     lines: vec![w.line],
                 });
@@ -462,9 +472,9 @@ impl WaitFor {
                     "thread {} took {} (at {}) while holding {} (taken at {})",
                     e.tid,
                     hex(*b),
-                    hex(e.sites.1),
+                    site(e.sites.1),
                     hex(*a),
-                    hex(e.sites.0)
+                    site(e.sites.0)
                 )
             })
             .collect();
