@@ -198,8 +198,12 @@ impl WaitFor {
             match w.kind {
                 WaitKind::Lock => self.held.iter().find_map(|(t, held)| {
                     let h = held.iter().find(|h| h.lock == w.object)?;
-                    (*t != w.tid)
-                        .then(|| (*t, format!("held by thread {t} (taken at {})", site(h.site))))
+                    (*t != w.tid).then(|| {
+                        (
+                            *t,
+                            format!("held by thread {t} (taken at {})", site(h.site)),
+                        )
+                    })
                 }),
                 WaitKind::Join => {
                     let t = *self.handles.get(&w.object)?;
