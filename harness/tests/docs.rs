@@ -163,3 +163,51 @@ fn the_readme_scenario_is_a_valid_scenario() {
             .unwrap_or_else(|e| panic!("the README's scenario does not load: {e}"));
     }
 }
+
+/// docs/layout.md names every module of both crates (step kinds excepted: "one file per step
+/// kind", and unit-test files), so the map of the source tree stays whole.
+#[test]
+fn the_layout_names_every_module() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let layout = std::fs::read_to_string(root.join("docs/layout.md")).unwrap();
+    let words: std::collections::BTreeSet<&str> = layout
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    let mut missing = vec![];
+    let mut stack = vec![root.join("harness/src"), root.join("transport/src")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(&root).unwrap().display().to_string();
+            let stem = p.file_stem().unwrap().to_string_lossy().to_string();
+            if p.extension().is_none_or(|x| x != "rs")
+                || stem == "tests"
+                || (rel.starts_with("harness/src/rank/steps/") && stem != "mod")
+            {
+                continue;
+            }
+            let name = if stem == "mod" {
+                p.parent()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string()
+            } else {
+                stem
+            };
+            if !words.contains(name.as_str()) {
+                missing.push(rel);
+            }
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "docs/layout.md does not name {missing:?}"
+    );
+}
