@@ -506,29 +506,9 @@ impl Connection {
     /// receiver is blocked.
     pub fn receiver_blocked_in_recv(&self) -> bool {
         let tid = self.receiver_tid();
-        if tid == 0 {
-            return false;
-        }
-        let task = format!("/proc/self/task/{tid}");
-        let Ok(syscall) = std::fs::read_to_string(format!("{task}/syscall")) else {
-            return false;
-        };
-        let nr: i64 = syscall
-            .split_whitespace()
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(-1);
-        let stat = std::fs::read_to_string(format!("{task}/stat")).unwrap_or_default();
-        // The state is the first field after the parenthesised thread name.
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .unwrap_or("");
-        #[cfg(target_arch = "x86_64")]
-        let polls = nr == libc::SYS_poll || nr == libc::SYS_ppoll;
-        #[cfg(not(target_arch = "x86_64"))]
-        let polls = nr == libc::SYS_ppoll;
-        state == "S" && (nr == libc::SYS_recvfrom || nr == libc::SYS_read || polls)
+        let mut calls = vec![libc::SYS_recvfrom, libc::SYS_read];
+        calls.extend_from_slice(crate::procfs::POLL_CALLS);
+        tid != 0 && crate::procfs::thread_sleeps_in(tid, &calls)
     }
 
     pub fn local_addr(&self) -> SocketAddr {

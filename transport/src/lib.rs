@@ -11,6 +11,7 @@ pub mod error;
 pub mod frame;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+pub mod procfs;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod stream;
