@@ -28,6 +28,8 @@ const MAX_SHOWN: usize = 5;
 pub struct Finding {
     /// The invariant's short name (suppressions and known failures match on it).
     pub check: &'static str,
+    /// The process it happened in, where the recording says (the syscall trace does).
+    pub pid: Option<u32>,
     /// The program it happened in, where the recording names it.
     pub program: Option<String>,
     /// What happened, in a sentence (with the process, threads and call sites).
@@ -209,6 +211,7 @@ impl Observer for Syscalls {
             .into_iter()
             .map(|v| Finding {
                 check: v.check,
+                pid: Some(v.pid),
                 program: v.program,
                 detail: format!("{} in pid {}: {}", v.check, v.pid, v.detail),
                 context: v.context,
@@ -221,8 +224,7 @@ impl Observer for Syscalls {
             // Call sites by name, from the module maps the sync observer left.
             let modules = call_sites::load(&group.sync_maps_prefix(rank));
             for v in findings.iter_mut() {
-                let pid = pid_of(&v.detail);
-                if let Some(m) = pid.and_then(|p| modules.get(&p)) {
+                if let Some(m) = v.pid.and_then(|p| modules.get(&p)) {
                     v.detail = call_sites::annotate(&v.detail, m);
                     if v.program.is_none() {
                         v.program = m.program.clone();
@@ -238,17 +240,6 @@ impl Observer for Syscalls {
                 .push_str(&format!("; the threads' stacks: {}", log.display()));
         }
     }
-}
-
-/// The pid in a syscall finding's sentence (`CHECK in pid N: ...`).
-fn pid_of(detail: &str) -> Option<u32> {
-    detail
-        .split_once(" in pid ")?
-        .1
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// The verbs observer: one trace per process of a rank that touched verbs.
@@ -284,6 +275,7 @@ impl Observer for Verbs {
             .into_iter()
             .map(|v| Finding {
                 check: v.check,
+                pid: None,
                 program: None,
                 // Its evidence lines as the verbs checker numbers them (`line N:`).
                 detail: v.to_string(),
@@ -302,18 +294,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_syscall_finding_s_pid_is_read_from_its_sentence() {
-        assert_eq!(
-            pid_of("close while in use in pid 4242: thread 7 ..."),
-            Some(4242)
-        );
-        assert_eq!(pid_of("no pid here"), None);
-    }
-
-    #[test]
     fn a_finding_shows_its_sentence_then_its_lines() {
         let f = Finding {
             check: "double close",
+            pid: Some(3),
             program: None,
             detail: "double close in pid 3: fd 5".into(),
             context: vec![(12, "3 close(5) = -1 EBADF".into())],
