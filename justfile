@@ -131,7 +131,7 @@ setup-rxe:
 rdma-blind-spot: build-deps setup-rxe
     #!/usr/bin/env bash
     set -uo pipefail
-    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p wringer --features wringer/bug-injection || exit 2
+    just bug-injection-build || exit 2
     w=target/bug-injection/release/wringer
     out=reports/rdma-blind-spot
     WRINGER_TRANSPORT_BUG=lock-across-join $w run --hosts hosts/rxe-vm.yaml --report-dir $out/with-bug scenarios/rdma-graceful-shutdown.yaml
@@ -160,7 +160,7 @@ rdma-verbs-bugs: build-deps setup-rxe external
     print(f"rdma-verbs-bugs: the C fixture is {broken['verdict']}, its correct twin {correct['verdict']}" + ("" if ok else " (want fail naming mr-dereg-under-posted-wr, and pass)"))
     sys.exit(0 if ok else 1)
     PY
-    CARGO_TARGET_DIR=target/bug-injection cargo build --release -q -p wringer --features wringer/bug-injection || exit 2
+    just bug-injection-build || exit 2
     w=target/bug-injection/release/wringer
     for pair in destroy-with-receives-posted:qp-destroyed-with-outstanding-wrs dereg-under-posted-receive:mr-dereg-under-posted-wr buffers-to-pool-before-join:memory-reused-under-posted-wr; do
         bug=${pair%%:*}; check=${pair#*:}
@@ -264,6 +264,14 @@ fuzz seconds="60" runs="10000000":
     cd transport/fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame_decoder -- -max_total_time={{seconds}} -runs={{runs}}
     cd harness/fuzz && for t in scenario_parser profile_parser rank_messages; do RUSTC_BOOTSTRAP=1 cargo fuzz run --sanitizer none $t -- -max_total_time={{seconds}} -runs={{runs}} || exit 1; done
 
+# The bug-injection build (transport bugs switched on by WRINGER_TRANSPORT_BUG) as target/bug-injection/release/wringer. Built in the shared target folder, so only the two crates whose features change are compiled again (a folder of its own rebuilt every dependency); the plain binary is put back after.
+[private]
+bug-injection-build:
+    cargo build --release -q -p wringer --features wringer/bug-injection
+    mkdir -p target/bug-injection/release
+    cp target/release/wringer target/bug-injection/release/wringer
+    cargo build --release -q -p wringer
+
 # What the build needs beyond Rust: the RDMA binding (sideway) builds a small rdma-core shim with cmake and bindgen (libclang).
 [private]
 build-deps: (apt "cmake" "clang" "libibverbs-dev" "librdmacm-dev")
@@ -289,5 +297,6 @@ apt +packages:
     for p in {{packages}}; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     [ ${#missing[@]} -eq 0 ] && exit 0
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+    # One install at a time (CI prepares several stages at once; setup-rxe takes the same lock).
+    # -o: a daemon a package starts does not inherit the lock.
+    $sudo flock -o /tmp/wringer-apt.lock sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"' apt "${missing[@]}"

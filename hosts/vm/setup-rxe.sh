@@ -15,6 +15,10 @@ pkgs=(qemu-system-x86 qemu-utils rdma-core ibverbs-utils perftest rdmacm-utils b
 missing() { local p; for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
 mapfile -t need < <(missing)
 if [ ${#need[@]} -gt 0 ]; then
+    # One install at a time (the `apt` recipe takes the same lock); services are denied a
+    # start below, so no daemon keeps the lock's descriptor.
+    exec 9>/tmp/wringer-apt.lock
+    flock 9
     $sudo apt-get update -qq
     deny=""
     if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -27,6 +31,7 @@ if [ ${#need[@]} -gt 0 ]; then
     mapfile -t need < <(missing)
     if [ ${#need[@]} -gt 0 ]; then DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"; fi
     if [ -n "$deny" ]; then $sudo rm -f /usr/sbin/policy-rc.d; fi
+    exec 9>&-
 fi
 if ! command -v vng >/dev/null; then
     pip install --quiet virtme-ng
