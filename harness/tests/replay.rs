@@ -305,3 +305,55 @@ fn a_shrink_without_the_attempt_it_shrinks_is_bad_input() {
     );
     assert_eq!(out.status.code(), Some(2), "--shrink requires --attempt");
 }
+
+#[test]
+fn an_audited_command_is_recorded_as_a_scenario_that_run_takes_back() {
+    let dir = temp("audit-record");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A name longer than any scenario's may be: the scenario's name is cut from it, the
+    // program keeps it.
+    let long = dir.join(format!("a-program-with-a-long-name-{}", "x".repeat(90)));
+    std::fs::copy("/bin/true", &long).unwrap();
+    let report = dir.join("report");
+    let out = Command::new(WRINGER)
+        .args(["audit", "--replays", "0", "--ranks", "2", "--report-dir"])
+        .arg(&report)
+        .arg("--")
+        .arg(&long)
+        .arg("{rank}")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let record = report.join("audit.yaml");
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(text.contains(&*long.to_string_lossy()), "{text}");
+    assert!(
+        text.contains("{rank}") && text.contains("fd-lifecycle"),
+        "{text}"
+    );
+    let out = Command::new(WRINGER)
+        .arg("validate")
+        .arg(&record)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the record is a scenario `wringer run` takes: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = first_result(&report);
+    assert!(
+        r["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("audit-a-program-with-a-long-name-") && n.len() <= 64),
+        "{r:#}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,17 +1,24 @@
 //! `wringer audit [--check …] [--perturb …] -- PROGRAM ARGS…`: the lifecycle audit on any
 //! command, with no scenario file. The command becomes a one-step scenario (an `exec` role,
-//! `--ranks` copies of it), written into the report folder, and runs as `wringer run` runs it:
-//! under strace (children and threads followed), with the same report, replay and shrink lines.
+//! `--ranks` copies of it), built as typed values and checked as a file's would be, recorded
+//! in the report folder (`audit.yaml`), and run as `wringer run` runs it:
+//! under the syscall recorder (children and threads followed), with the same report, replay and
+//! shrink lines.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use std::collections::BTreeMap;
 use wringer::hosts::profile as hosts;
 use wringer::model::duration::HumanDuration;
-use wringer::model::scenario::{AuditBackend, AuditCheck};
+
+use serde_saphyr::{Location, Spanned};
+use wringer::model::scenario::{self, AuditBackend, AuditCheck, Scenario};
 use wringer::orchestration::runner;
 use wringer::outputs::progress::Progress;
 use wringer::outputs::report::ReportWriter;
+use wringer::rank::steps::exec::{Exec, Role};
+use wringer::rank::steps::Step;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -85,8 +92,8 @@ fn program_path(p: &str) -> String {
     }
 }
 
-/// The scenario that runs the command (JSON, which is YAML).
-fn scenario(a: &Args, checks: &[AuditCheck]) -> serde_json::Value {
+/// The scenario that runs the command, as typed values.
+fn scenario(a: &Args, checks: &[AuditCheck]) -> Scenario<Step> {
     let name = Path::new(&a.command[0])
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
@@ -103,24 +110,38 @@ fn scenario(a: &Args, checks: &[AuditCheck]) -> serde_json::Value {
             }
         })
         .collect();
+    // Built here, not read from a file: nothing in it has a place in one.
+    let unplaced = |v| Spanned::new(v, Location::UNKNOWN, Location::UNKNOWN);
     let deadline = a.deadline.0;
-    serde_json::json!({
-        "name": format!("audit-{}", slug.trim_matches('-')),
-        "description": format!("wringer audit -- {}", a.command.join(" ")),
-        "ranks": a.ranks,
-        "deadline": HumanDuration(deadline + std::time::Duration::from_secs(30)),
-        "audit": checks,
-        "steps": [{ "exec": {
-            "deadline": HumanDuration(deadline),
-            "roles": { "program": {
-                "ranks": (0..a.ranks).collect::<Vec<u32>>(),
-                "program": program_path(&a.command[0]),
-                "args": &a.command[1..],
-                "expect": { "exit": a.exit },
-            }},
-        }}],
-        "expect": {},
-    })
+    let mut role = Role::program(
+        (0..a.ranks).collect(),
+        program_path(&a.command[0]),
+        a.command[1..].to_vec(),
+    );
+    role.expect.exit = Some(a.exit);
+    let exec = Exec {
+        roles: BTreeMap::from([("program".to_string(), role)]),
+        faults: vec![],
+        no_output_timeout: None,
+        deadline: HumanDuration(deadline),
+        log_limit_mib: None,
+    };
+    Scenario {
+        name: format!("audit-{}", slug.trim_matches('-')),
+        description: format!("wringer audit -- {}", a.command.join(" ")),
+        requires: vec![],
+        ranks: Spanned::new(a.ranks, Location::UNKNOWN, Location::UNKNOWN),
+        deadline: HumanDuration(deadline + std::time::Duration::from_secs(30)),
+        repeat: 1,
+        faults: vec![],
+        steps: vec![unplaced(Step::Exec(exec))],
+        audit: checks.to_vec(),
+        perturb: vec![],
+        must_reach: vec![],
+        expect: BTreeMap::new(),
+        releases: None,
+        release: None,
+    }
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -159,10 +180,12 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(|| Path::new("reports").join(format!("audit-{}", now.as_secs())));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // The scenario is written down as a record of what ran (JSON, which is YAML: `wringer
+    // run` takes it back); the run itself uses the typed values.
     let file = dir.join("audit.yaml");
-    let text = serde_json::to_string_pretty(&scenario(&a, &checks))?;
+    let loaded = scenario::checked(&file, scenario(&a, &checks))?;
+    let text = serde_json::to_string_pretty(&loaded.scenario)?;
     std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
-    let loaded = wringer::rank::steps::parse(&file, &text)?;
     // This machine, and nothing known to fail: an audit judges the command alone.
     let profile = hosts::parse(
         Path::new("<wringer audit>"),

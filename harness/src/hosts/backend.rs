@@ -6,10 +6,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 
 use crate::hosts::shell::HostShell;
 use crate::hosts::slurm::Slurm;
+use crate::model::faults::{HostPlane, Site, WirePlane};
 use crate::model::scenario::{FaultAction, Strikes};
 
 /// Where the rendezvous listens here, and the address ranks are told to reach it at (the
@@ -83,13 +84,31 @@ pub trait Backend: Send + Sync {
         Strikes::default()
     }
 
-    /// Strike a host-level or wire fault on host `host`; `seed` fixes any pattern it has.
+    /// Host `host` as a host-level fault reaches it (kill, freeze, link cut, rate limit),
+    /// where this backend can strike whole hosts.
+    fn host_plane(&self, host: usize) -> Option<Box<dyn HostPlane + '_>> {
+        let _ = host;
+        None
+    }
+
+    /// Host `host`'s end of the RoCE wire, where this backend can strike it.
+    fn wire_plane(&self, host: usize) -> Option<Box<dyn WirePlane + '_>> {
+        let _ = host;
+        None
+    }
+
+    /// Strike a host-level or wire fault on host `host`, through the plane it reaches;
+    /// `seed` fixes any pattern it has.
     fn strike(&self, action: FaultAction, host: usize, seed: u64) -> Result<()> {
-        let _ = seed;
-        bail!(
-            "{} hosts cannot take the host-level fault {action:?} (host {host}): use the containers profile (host faults) or rxe-vm-pair (wire faults)",
-            self.kind()
-        )
+        let (hosts, wire) = (self.host_plane(host), self.wire_plane(host));
+        let site = Site {
+            backend: self.kind(),
+            rank: None,
+            host: hosts.as_deref(),
+            wire: wire.as_deref(),
+            seed,
+        };
+        action.kind().strike(&site)
     }
 
     /// What the struck faults did, read before they are healed (packets a wire fault matched,

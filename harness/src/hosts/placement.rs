@@ -19,7 +19,8 @@ use crate::hosts::slurm::profile::SlurmSpec;
 use crate::hosts::slurm::{BindRule, Slurm};
 use crate::hosts::ssh::{deploy, deploy_shipped, SshTarget};
 use crate::hosts::vm::{self, VmHosts};
-use crate::model::scenario::{FaultAction, Strikes};
+use crate::model::faults::{HostPlane, WirePlane};
+use crate::model::scenario::Strikes;
 use serde_saphyr::Spanned;
 
 /// Where a run's ranks go: a prepared backend, shared by the attempts of the run.
@@ -60,8 +61,11 @@ impl Backend for ContainerBackend {
         }
     }
 
-    fn strike(&self, action: FaultAction, host: usize, _seed: u64) -> Result<()> {
-        strike_container(&self.containers, action, host)
+    fn host_plane(&self, host: usize) -> Option<Box<dyn HostPlane + '_>> {
+        Some(Box::new(ContainerHost {
+            hosts: &self.containers,
+            host,
+        }))
     }
 
     fn heal(&self) -> Result<()> {
@@ -69,18 +73,27 @@ impl Backend for ContainerBackend {
     }
 }
 
-fn strike_container(c: &ContainerHosts, action: FaultAction, host: usize) -> Result<()> {
-    match action {
-        FaultAction::HostKill => c.kill(host),
-        FaultAction::HostFreeze => c.freeze(host),
-        FaultAction::LinkCut => c.cut_link(host),
-        FaultAction::RateLimit => c.rate_limit(host, "10mbit"),
-        FaultAction::Sigkill | FaultAction::Sigstop => {
-            anyhow::bail!("{action:?} is a signal to a rank, not a host fault")
-        }
-        wire => anyhow::bail!(
-            "{wire:?} acts on a RoCE wire, which container hosts do not have: use rxe-vm-pair"
-        ),
+/// One container host, as a host-level fault strikes it.
+struct ContainerHost<'a> {
+    hosts: &'a ContainerHosts,
+    host: usize,
+}
+
+impl HostPlane for ContainerHost<'_> {
+    fn kill(&self) -> Result<()> {
+        self.hosts.kill(self.host)
+    }
+
+    fn freeze(&self) -> Result<()> {
+        self.hosts.freeze(self.host)
+    }
+
+    fn cut_link(&self) -> Result<()> {
+        self.hosts.cut_link(self.host)
+    }
+
+    fn rate_limit(&self, rate: &str) -> Result<()> {
+        self.hosts.rate_limit(self.host, rate)
     }
 }
 
@@ -122,12 +135,13 @@ impl Backend for SlurmBackend {
         }
     }
 
-    fn strike(&self, action: FaultAction, host: usize, _seed: u64) -> Result<()> {
-        let c = self
-            .cluster
-            .as_ref()
-            .context("host-level faults on Slurm need the test cluster (`slurm.test_cluster`)")?;
-        strike_container(&c.hosts, action, host)
+    // Without the test cluster there are no hosts of the harness's own to strike.
+    fn host_plane(&self, host: usize) -> Option<Box<dyn HostPlane + '_>> {
+        let c = self.cluster.as_ref()?;
+        Some(Box::new(ContainerHost {
+            hosts: &c.hosts,
+            host,
+        }))
     }
 
     fn heal(&self) -> Result<()> {
@@ -172,8 +186,9 @@ impl Backend for VmHosts {
         }
     }
 
-    fn strike(&self, action: FaultAction, host: usize, seed: u64) -> Result<()> {
-        self.strike_wire(action, host, seed)
+    fn wire_plane(&self, host: usize) -> Option<Box<dyn WirePlane + '_>> {
+        self.wire(host)
+            .map(|w| Box::new(w) as Box<dyn WirePlane + '_>)
     }
 
     fn fault_evidence(&self) -> Vec<String> {

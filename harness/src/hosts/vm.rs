@@ -24,7 +24,8 @@ use crate::hosts::backend::RemoteHost;
 use crate::hosts::profile::{HostProfile, VmSpec};
 use crate::hosts::shell::HostShell;
 use crate::hosts::ssh::{quote, SshTarget};
-use crate::model::scenario::FaultAction;
+use crate::model::faults::wire::WireScripts;
+use crate::model::faults::WirePlane;
 
 /// Time to boot and set up under TCG until sshd answers.
 const BOOT_ALLOWANCE: Duration = Duration::from_secs(300);
@@ -276,42 +277,13 @@ fn guest_script(vm: &VmSpec, n: u8, count: u8, folder: &Path) -> String {
 /// Where a pair VM keeps the name of its data NIC (the RoCE link), for the wire faults.
 const DATA_NIC_FILE: &str = "/tmp/wringer-data-nic";
 
-/// The RoCE v2 UDP port: every RoCE packet, data and acknowledgement, goes to it.
-const ROCE_PORT: u16 = 4791;
-
 impl VmHosts {
-    /// Strike a wire fault on VM `host`'s RoCE link, inside the guest (nftables, netem, ip).
-    pub fn strike_wire(&self, action: FaultAction, host: usize, seed: u64) -> Result<()> {
-        let h = self
-            .hosts
+    /// VM `host`'s end of the RoCE wire, for the wire faults (nftables, netem, ip, inside the
+    /// guest).
+    pub fn wire(&self, host: usize) -> Option<VmWire<'_>> {
+        self.hosts
             .get(host)
-            .with_context(|| format!("no VM {host}"))?;
-        let scripts = wire_script(action, seed, &h.data_addr)?;
-        if matches!(action, FaultAction::LinkDown | FaultAction::LinkFlap { .. }) {
-            self.link_was_down
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        h.target
-            // shell: wire_script builds these from typed, range-checked fault values (numbers, the VM's own addresses).
-            .check(&["sh", "-c", &scripts.struck], Duration::from_secs(60))
-            .with_context(|| format!("striking {action:?} on {}", h.target.name))?;
-        if let Some(script) = scripts.peer {
-            for p in self.hosts.iter().filter(|p| !std::ptr::eq(*p, h)) {
-                p.target
-                    .check(
-                        // shell: wire_script builds these from typed, range-checked fault values (numbers, the VM's own addresses).
-                        &["sh", "-c", &format!("set -e\n{script}")],
-                        Duration::from_secs(60),
-                    )
-                    .with_context(|| {
-                        format!(
-                            "striking {action:?} (what {} sends) on {}",
-                            h.target.name, p.target.name
-                        )
-                    })?;
-            }
-        }
-        Ok(())
+            .map(|struck| VmWire { vms: self, struck })
     }
 
     /// What the wire faults matched on each VM, before they are healed: the RoCE packets each
@@ -426,102 +398,54 @@ const RENEW_RXE_SCRIPT: &str = "D=$(cat /tmp/wringer-data-nic) || exit 1\n\
     for i in $(seq 1 100); do grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state && exit 0; sleep 0.1; done\n\
     echo 'the new rxe port did not become ACTIVE within 10 s' >&2; exit 1\n";
 
-/// The guest commands that strike `action` on the data NIC; loss and corruption pick their
-/// packets by count from `seed`, so the same seed drops the same packets of the same stream.
-fn wire_script(action: FaultAction, seed: u64, struck_ip: &str) -> Result<WireScripts> {
-    let mut s = format!("set -e\nD=$(cat {DATA_NIC_FILE})\n");
-    // Every drop happens where a packet arrives: one dropped on its way out makes the sender's
-    // ip_local_out fail, and rxe resends such a packet at once, for ever (a busy loop of about
-    // 100,000 packets a second in the VM), which no wire does.
-    let chain = |name: &str, rule: &str| {
-        format!(
-            "nft -f - <<'EOF'\ntable inet wringer {{\n\
-             chain {name} {{ type filter hook input priority 0; policy accept; {rule}; }}\n}}\nEOF\n"
-        )
-    };
-    let roce = format!("udp dport {ROCE_PORT}");
-    let from_struck = format!("ip saddr {struck_ip} udp dport {ROCE_PORT}");
-    let mut peer = None;
-    match action {
-        FaultAction::RoceLoss { percent } => {
-            let (sent, arriving) = (residues(seed, 1, percent), residues(seed, 2, percent));
-            s += &chain(
-                "arriving",
-                &format!("{roce} numgen inc mod 100 {{ {arriving} }} counter drop"),
-            );
-            peer = Some(chain(
-                "departing",
-                &format!("{from_struck} numgen inc mod 100 {{ {sent} }} counter drop"),
-            ));
-        }
-        FaultAction::RoceCorrupt { percent } => {
-            // A byte of the BTH's payload side (20 bytes past the UDP header), under the ICRC.
-            let i = residues(seed, 3, percent);
-            s += &chain(
-                "arriving",
-                &format!("{roce} numgen inc mod 100 {{ {i} }} @th,160,8 set 0x5a counter"),
-            );
-        }
-        FaultAction::RoceBlackhole => {
-            s += &chain("arriving", &format!("{roce} counter drop"));
-            peer = Some(chain("departing", &format!("{from_struck} counter drop")));
-        }
-        FaultAction::RoceDelay { delay } => {
-            s += &format!(
-                "tc qdisc replace dev $D root netem limit 100000 delay {}us\n",
-                delay.0.as_micros()
+/// One VM's end of the RoCE wire, as a wire fault strikes it.
+pub struct VmWire<'a> {
+    vms: &'a VmHosts,
+    struck: &'a RemoteHost,
+}
+
+impl WirePlane for VmWire<'_> {
+    fn address(&self) -> &str {
+        &self.struck.data_addr
+    }
+
+    fn apply(&self, scripts: &WireScripts) -> Result<()> {
+        let h = self.struck;
+        h.target
+            // shell: each wire fault builds these from its typed, range-checked parameters (numbers, the VM's own addresses).
+            .check(
+                &[
+                    "sh",
+                    "-c",
+                    &format!("set -e\nD=$(cat {DATA_NIC_FILE})\n{}", scripts.struck),
+                ],
+                Duration::from_secs(60),
             )
+            .with_context(|| format!("striking a wire fault on {}", h.target.name))?;
+        if let Some(script) = &scripts.peer {
+            for p in self.vms.hosts.iter().filter(|p| !std::ptr::eq(*p, h)) {
+                p.target
+                    .check(
+                        // shell: each wire fault builds these from its typed, range-checked parameters (numbers, the VM's own addresses).
+                        &["sh", "-c", &format!("set -e\n{script}")],
+                        Duration::from_secs(60),
+                    )
+                    .with_context(|| {
+                        format!(
+                            "striking a wire fault (what {} sends) on {}",
+                            h.target.name, p.target.name
+                        )
+                    })?;
+            }
         }
-        FaultAction::RoceReorder { delay, gap } => {
-            s += &format!(
-            "tc qdisc replace dev $D root netem limit 100000 delay {}us reorder 100% gap {gap}\n",
-            delay.0.as_micros()
-        )
-        }
-        FaultAction::LinkDown => s += "ip link set $D down\n",
-        FaultAction::LinkFlap { down_for: d } => {
-            s += &format!(
-                "ip link set $D down\n\
-                 setsid sh -c 'sleep {:.3}; ip link set '$D' up' </dev/null >/dev/null 2>&1 &\n\
-                 echo $! > /tmp/wringer-link-up.pid\n",
-                d.0.as_secs_f64()
-            );
-        }
-        other => bail!("{other:?} is not a wire fault"),
+        Ok(())
     }
-    Ok(WireScripts { struck: s, peer })
-}
 
-/// A wire fault's commands: for the struck VM, and for its peer (packets the struck VM sends
-/// are dropped as they arrive there).
-struct WireScripts {
-    struck: String,
-    peer: Option<String>,
-}
-
-/// `count` distinct residues of 100 drawn from `seed` (stream `stream`), in order, as an
-/// nftables set body.
-fn residues(seed: u64, stream: u64, count: u8) -> String {
-    let mut state = seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut next = || {
-        // splitmix64
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let mut all: Vec<u8> = (0..100).collect();
-    for i in (1..all.len()).rev() {
-        all.swap(i, (next() % (i as u64 + 1)) as usize);
+    fn link_goes_down(&self) {
+        self.vms
+            .link_was_down
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    let mut picked = all[..count.min(100) as usize].to_vec();
-    picked.sort_unstable();
-    picked
-        .iter()
-        .map(|r| r.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn free_port() -> Result<u16> {
@@ -638,39 +562,6 @@ mod tests {
     }
 
     #[test]
-    fn seeded_loss_drops_the_same_packets_for_the_same_seed_and_others_for_another() {
-        let one = residues(7, 1, 3);
-        assert_eq!(one, residues(7, 1, 3));
-        assert_eq!(one.split(", ").count(), 3);
-        assert_ne!(one, residues(8, 1, 3));
-        assert_ne!(one, residues(7, 2, 3));
-        let all: Vec<u8> = residues(1, 1, 99)
-            .split(", ")
-            .map(|r| r.parse().unwrap())
-            .collect();
-        assert_eq!(all.len(), 99);
-        assert!(all.windows(2).all(|w| w[0] < w[1]), "distinct and sorted");
-        let loss = wire_script(FaultAction::RoceLoss { percent: 1 }, 7, "10.0.0.2").unwrap();
-        assert!(
-            loss.struck.contains("udp dport 4791 numgen inc mod 100 {"),
-            "{}",
-            loss.struck
-        );
-        assert!(loss.struck.contains("hook input") && !loss.struck.contains("hook output"));
-        let sent = loss
-            .peer
-            .expect("what the struck host sends is dropped at its peer");
-        assert!(
-            sent.contains("ip saddr 10.0.0.2 udp dport 4791 numgen"),
-            "{sent}"
-        );
-        assert!(
-            sent.contains("hook input"),
-            "dropped where it arrives: {sent}"
-        );
-    }
-
-    #[test]
     fn the_counters_say_what_each_rule_matched_and_nothing_when_no_fault_was_set() {
         let text = "chain departing\ncounter packets 12\nchain arriving\ncounter packets 9\nnetem Sent 4056 bytes 31 pkt\n";
         assert_eq!(
@@ -681,23 +572,7 @@ mod tests {
     }
 
     #[test]
-    fn each_wire_fault_has_its_commands_and_a_host_fault_has_none() {
-        use crate::model::duration::HumanDuration;
-        let ms = |n| HumanDuration(Duration::from_millis(n));
-        let script = |a| wire_script(a, 1, "10.0.0.1").unwrap().struck;
-        let reorder = script(FaultAction::RoceReorder {
-            delay: ms(20),
-            gap: 5,
-        });
-        assert!(reorder.contains("netem limit 100000 delay 20000us reorder 100% gap 5"));
-        let flap = script(FaultAction::LinkFlap { down_for: ms(1500) });
-        assert!(
-            flap.contains("ip link set $D down") && flap.contains("sleep 1.500"),
-            "{flap}"
-        );
-        assert!(!script(FaultAction::LinkDown).contains("sleep"));
-        assert!(script(FaultAction::RoceCorrupt { percent: 2 }).contains("set 0x5a"));
-        assert!(wire_script(FaultAction::HostKill, 1, "10.0.0.1").is_err());
+    fn healing_removes_every_wire_fault_and_brings_the_link_up() {
         assert!(
             HEAL_SCRIPT.contains("nft delete table inet wringer")
                 && HEAL_SCRIPT.contains("ip link set $D up")

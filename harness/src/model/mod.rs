@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod duration;
 pub mod failure;
+pub mod faults;
 pub mod input;
 pub mod invalid;
 pub mod known;

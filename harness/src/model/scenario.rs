@@ -62,9 +62,9 @@ pub trait StepSpec {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-#[serde(bound(deserialize = "S: Deserialize<'de>"))]
+#[serde(bound(deserialize = "S: Deserialize<'de>", serialize = "S: Serialize"))]
 pub struct Scenario<S> {
     #[serde(deserialize_with = "super::name::checked")]
     pub name: String,
@@ -407,154 +407,9 @@ pub struct Fault {
     pub action: FaultAction,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-pub enum FaultAction {
-    /// Kill the rank's process.
-    Sigkill,
-    /// Freeze the rank's process (its sockets stay open).
-    Sigstop,
-    /// Kill the rank's whole host (container hosts only).
-    HostKill,
-    /// Freeze the rank's whole host (docker pause).
-    HostFreeze,
-    /// Cut the host's data link silently: no FIN, no RST.
-    LinkCut,
-    /// Rate-limit the host's data link to 10 Mbit/s (tc tbf).
-    RateLimit,
-    /// Drop `percent` % of the RoCE v2 packets (UDP 4791) the host sends and receives: which
-    /// ones is fixed by the run's seed (a packet-count pattern, so a replay drops the same).
-    RoceLoss { percent: u8 },
-    /// Flip a byte inside `percent` % of the RoCE packets the host receives (seeded as for
-    /// loss); the receiver's ICRC check must catch every one.
-    RoceCorrupt { percent: u8 },
-    /// Delay every packet the host's RoCE link sends by `delay` (netem).
-    RoceDelay { delay: HumanDuration },
-    /// Reorder: every `gap`-th packet the host sends goes at once, the others `delay` later
-    /// (netem, no randomness).
-    RoceReorder { delay: HumanDuration, gap: u32 },
-    /// Drop every RoCE packet to and from the host.
-    RoceBlackhole,
-    /// Take the host's RoCE netdev down (its port goes DOWN, an async event) until the
-    /// attempt ends.
-    LinkDown,
-    /// Take the host's RoCE netdev down for `down_for`, then up again.
-    LinkFlap { down_for: HumanDuration },
-    /// Move every live QP of the rank (and of the programs it started) to the error state, as a
-    /// fatal device error would: through the verbs observer, so it needs
-    /// `audit: [verbs-lifecycle]`.
-    QpError,
-}
-
-/// Who can strike a fault.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reach {
-    /// A signal to the rank's process: anywhere.
-    Rank,
-    /// The whole host: hosts the harness started (containers, a Slurm test cluster).
-    Host,
-    /// The RoCE wire between two hosts: the soft-RoCE VM pair.
-    Wire,
-}
-
-/// The fault planes a backend can strike.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Strikes {
-    pub host: bool,
-    pub wire: bool,
-}
-
-impl Strikes {
-    pub fn allows(self, action: FaultAction) -> bool {
-        match action.reach() {
-            Reach::Rank => true,
-            Reach::Host => self.host,
-            Reach::Wire => self.wire,
-        }
-    }
-}
+pub use super::faults::{FaultAction, Reach, Strikes};
 
 const QP_ERROR_NEEDS_OBSERVER: &str = "a `qp-error` fault moves the rank's QPs through the verbs observer: add `audit: [verbs-lifecycle]`";
-
-/// Longest netem delay a fault may ask for.
-const MAX_WIRE_DELAY: Duration = Duration::from_secs(10);
-
-impl FaultAction {
-    pub fn reach(self) -> Reach {
-        use FaultAction::*;
-        match self {
-            Sigkill | Sigstop | QpError => Reach::Rank,
-            HostKill | HostFreeze | LinkCut | RateLimit => Reach::Host,
-            RoceLoss { .. }
-            | RoceCorrupt { .. }
-            | RoceDelay { .. }
-            | RoceReorder { .. }
-            | RoceBlackhole
-            | LinkDown
-            | LinkFlap { .. } => Reach::Wire,
-        }
-    }
-
-    /// Acts on a host (or its wire), so it needs a backend that can.
-    pub fn is_host_level(self) -> bool {
-        self.reach() != Reach::Rank
-    }
-
-    /// The rank will not finish by itself afterwards (it is dead or frozen).
-    pub fn stops_the_rank(self) -> bool {
-        matches!(
-            self,
-            FaultAction::Sigkill
-                | FaultAction::Sigstop
-                | FaultAction::HostKill
-                | FaultAction::HostFreeze
-        )
-    }
-
-    /// The rank's own errors afterwards are the fault's doing, not the transport's. A wire
-    /// fault is not: what a transport does under loss, delay or a dead port is what its step
-    /// judges.
-    pub fn excuses_the_rank(self) -> bool {
-        !matches!(self, FaultAction::RateLimit) && self.reach() != Reach::Wire
-    }
-
-    /// Its parameters are ones the fault plane can apply.
-    pub fn check(self) -> Result<(), Invalid> {
-        match self {
-            FaultAction::RoceLoss { percent } | FaultAction::RoceCorrupt { percent }
-                if !(1..=99).contains(&percent) =>
-            {
-                Err(format!(
-                    "percent must be 1..=99, got {percent} (all packets: `roce-blackhole`)"
-                )
-                .into())
-            }
-            FaultAction::RoceDelay { delay } | FaultAction::RoceReorder { delay, .. }
-                if delay.0.is_zero() || delay.0 > MAX_WIRE_DELAY =>
-            {
-                Err(format!(
-                    "delay must be above 0 and at most {MAX_WIRE_DELAY:?}, got {:?}",
-                    delay.0
-                )
-                .into())
-            }
-            FaultAction::RoceReorder { gap, .. } if !(2..=1000).contains(&gap) => Err(format!(
-                "gap must be 2..=1000 (every gap-th packet overtakes), got {gap}"
-            )
-            .into()),
-            FaultAction::LinkFlap { down_for }
-                if down_for.0.is_zero() || down_for.0 > Duration::from_secs(600) =>
-            {
-                Err(format!(
-                    "down_for must be above 0 and at most 600s, got {:?}",
-                    down_for.0
-                )
-                .into())
-            }
-            _ => Ok(()),
-        }
-    }
-}
 
 /// A scenario as loaded from disk, with where it came from.
 #[derive(Clone, Debug)]
@@ -595,7 +450,19 @@ pub fn parse<S: StepSpec + Named + DeserializeOwned>(
     path: &Path,
     text: &str,
 ) -> Result<Loaded<S>, InputError> {
-    let mut scenario: Scenario<S> = super::input::parse_yaml(path, text)?;
+    let scenario: Scenario<S> = super::input::parse_yaml(path, text)?;
+    checked(path, scenario)
+}
+
+/// A scenario built as typed values (`wringer audit` builds one) checked as a file's is, with
+/// the requirements of its steps; `path` is where its record is written.
+pub fn checked<S: StepSpec + Named>(
+    path: &Path,
+    mut scenario: Scenario<S>,
+) -> Result<Loaded<S>, InputError> {
+    if let Err(why) = super::name::check(&scenario.name) {
+        return Err(InputError::plain(path, format!("name: {why}")));
+    }
     check(path, &scenario)?;
     let from_steps: Vec<Requirement> = scenario
         .steps
@@ -665,7 +532,7 @@ fn check<S: StepSpec + Named>(path: &Path, s: &Scenario<S>) -> Result<(), InputE
                 .value
                 .faults(i)
                 .iter()
-                .any(|f| f.action == FaultAction::QpError)
+                .any(|f| f.action.kind().needs_verbs_observer())
         {
             return Err(located(
                 path,
@@ -750,10 +617,11 @@ pub fn fault_problem<S: StepSpec + Named>(s: &Scenario<S>, fault: &Fault) -> Res
             fault.at
         ));
     }
-    if let Err(why) = fault.action.check() {
+    if let Err(why) = fault.action.kind().check() {
         return Err(format!("fault: {}", why.0));
     }
-    if fault.action == FaultAction::QpError && !s.audit.contains(&AuditCheck::VerbsLifecycle) {
+    if fault.action.kind().needs_verbs_observer() && !s.audit.contains(&AuditCheck::VerbsLifecycle)
+    {
         return Err(QP_ERROR_NEEDS_OBSERVER.into());
     }
     if fault.rank >= s.ranks.value {

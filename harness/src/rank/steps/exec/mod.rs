@@ -110,6 +110,28 @@ fn yes() -> bool {
     true
 }
 
+impl Role {
+    /// `program` with `args` on `ranks`, everything else as a file that names only these
+    /// would have it (`wringer audit` builds its role so).
+    pub fn program(ranks: Vec<u32>, program: String, args: Vec<String>) -> Role {
+        Role {
+            ranks,
+            program,
+            args,
+            env: BTreeMap::new(),
+            package: None,
+            precheck: None,
+            after: vec![],
+            ready: None,
+            error: None,
+            metrics: vec![],
+            expect: RoleExpect::default(),
+            departs: None,
+            line_buffered: yes(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Precheck {
@@ -298,7 +320,7 @@ impl StepSpec for Exec {
     fn faults(&self, step: usize) -> Vec<Fault> {
         let mut out = vec![];
         for (i, f) in self.faults.iter().enumerate() {
-            if matches!(f.action, FaultAction::Sigkill | FaultAction::Sigstop) {
+            if f.action.kind().signal().is_some() {
                 continue;
             }
             let ranks = match (f.rank, self.roles.get(&f.role)) {

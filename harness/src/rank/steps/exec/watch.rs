@@ -216,10 +216,9 @@ impl<'a> Watch<'a> {
                 let _ = std::io::stderr().write_all(&std::mem::take(&mut self.pending_log));
             }
             let action = f.fault.action;
-            let outcome = match action {
-                FaultAction::Sigkill => proc.signal(Signal::SIGKILL).map_err(|e| e.to_string()),
-                FaultAction::Sigstop => proc.signal(Signal::SIGSTOP).map_err(|e| e.to_string()),
-                _ => ctx
+            let outcome = match action.kind().signal() {
+                Some(signal) => proc.signal(signal).map_err(|e| e.to_string()),
+                None => ctx
                     .control
                     .point(step, &fault_point(step, f.index))
                     .map_err(|e| format!("{e:#}")),
