@@ -1,12 +1,13 @@
-//! The coordinator's judgement: from a repeat's evidence and the scenario's expectations to
-//! pass or fail, with every reason.
+//! The judgement: from a repeat's evidence and the scenario's expectations to pass or fail,
+//! with every reason; and from every repeat to the scenario's verdict and its reason.
 
 use std::collections::BTreeMap;
 
 use serde_saphyr::Spanned;
 
-use crate::model::failure::Failure;
+use crate::model::failure::{Failed, Failure};
 use crate::model::metric::{Bound, Metric};
+use crate::model::result::{Reach, ScenarioResult, Verdict};
 use crate::orchestration::coordinator::Attempt;
 
 /// Every reason this repeat failed; empty means it passed.
@@ -84,4 +85,67 @@ pub fn judge(attempt: &Attempt, expect: &BTreeMap<Metric, Spanned<Bound>>) -> Ve
         }
     }
     failures
+}
+
+/// A scenario's verdict and its reason, once every repeat and replay is recorded: it fails
+/// when a repeat failed (the reason: the first failure, how many repeats failed, and how
+/// its replays went), or when a point it must reach no repeat reached (unless the run was
+/// cut short).
+pub fn conclude(result: &mut ScenarioResult, mut reach: Vec<Reach>) {
+    for r in &mut reach {
+        r.repeats = result.repeats;
+    }
+    let cut_short = result.evidence.failures.iter().any(|f| {
+        matches!(
+            f.failure,
+            Failure::Interrupted { .. } | Failure::Watchdog { .. }
+        )
+    });
+    let never: Vec<Failed> = reach
+        .iter()
+        .filter(|r| r.required && r.repeats_reached == 0 && r.repeats > 0 && !cut_short)
+        .map(|r| Failed {
+            repeat: None,
+            failure: Failure::NeverReached {
+                point: r.point.clone(),
+                meaning: r.meaning.clone(),
+                repeats: r.repeats,
+            },
+        })
+        .collect();
+    result.evidence.reach = reach;
+    if !never.is_empty() && result.repeats_failed == 0 {
+        result.verdict = Verdict::Fail;
+        result.reason = Some(
+            never
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        );
+    }
+    result.evidence.failures.extend(never);
+    if result.repeats_failed > 0 {
+        result.verdict = Verdict::Fail;
+        let first = result
+            .evidence
+            .failures
+            .first()
+            .map(|f| f.to_string())
+            .unwrap_or_default();
+        let mut reason = if result.repeats > 1 {
+            format!(
+                "{} of {} repeats failed; first: {first}",
+                result.repeats_failed, result.repeats
+            )
+        } else {
+            first
+        };
+        if let Some(r) = result.evidence.replays.first() {
+            if let Some(st) = r.stability() {
+                reason.push_str(&format!(" ({st})"));
+            }
+        }
+        result.reason = Some(reason);
+    }
 }

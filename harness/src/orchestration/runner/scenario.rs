@@ -46,22 +46,12 @@ pub(super) fn run_scenario(
     let mut result = ScenarioResult::not_run(&s.name, &loaded.path, Verdict::Pass, String::new());
     result.reason = None;
     let steps = loaded.steps();
-    let own_faults: Vec<Fault> = match &cx.opts.faults {
-        Some(f) => f.clone(),
-        None => s.faults.iter().map(|f| f.value.clone()).collect(),
-    };
-    let faults: Vec<Fault> = own_faults.iter().cloned().chain(s.step_faults()).collect();
-    let mut audit: Vec<AuditCheck> = s.audit.iter().chain(profile_audit).copied().collect();
-    audit.sort();
-    audit.dedup();
-    let mut perturb: Vec<Perturb> = match &cx.opts.perturb {
-        Some(p) => p.clone(),
-        None => s.perturb.iter().map(|p| p.value.clone()).collect(),
-    };
-    if cx.opts.no_audit {
-        audit.clear();
-        perturb.clear();
-    }
+    let Overrides {
+        own_faults,
+        faults,
+        audit,
+        perturb,
+    } = overrides(s, profile_audit, cx);
     let recorded = !perturb.is_empty() || audit.iter().any(|c| c.reads_syscalls());
     let recorder = match choose_recorder(cx.opts.audit_backend, &perturb, ebpf_absent) {
         Ok(r) => r,
@@ -219,103 +209,105 @@ pub(super) fn run_scenario(
     }
     // Replay the first failed attempt: deterministic or flaky is part of the evidence.
     // Not a hang (each replay would wait out its deadline again), nor a known failure.
-    let first_failed = result.evidence.replays.first().map(|r| r.repeat);
     let worth_it = cx.opts.replays > 0
         && result.evidence.stacks.is_empty()
         && !cx.known.iter().any(|k| k.matches(&s.name));
-    if let Some(repeat) = first_failed.filter(|_| worth_it) {
-        let mut failed = 0;
-        let mut of = 0;
-        // The failed attempt and its replays together stay within the scenario's deadline: a
-        // failure that took most of it (a program that ran to its step's deadline) is not run
-        // again, so a run never spends several deadlines on one scenario.
-        let took = first_failed_took.unwrap_or_default();
-        for n in 0..cx.opts.replays {
-            if cx.interrupted.load(Ordering::Relaxed) {
-                break;
-            }
-            if took * (n + 2) > s.deadline.0 {
-                result.evidence.notes.push(format!(
-                    "replayed {n} of {} times: another replay ({:.1} s) would run past the scenario's deadline ({:?})",
-                    cx.opts.replays,
-                    took.as_secs_f64(),
-                    s.deadline.0
-                ));
-                break;
-            }
-            let (attempt, log_dir) = run_attempt(repeat, format!("replay-{repeat}-{n}"));
-            of += 1;
-            if !crate::orchestration::verdict::judge(&attempt, &s.expect).is_empty() {
-                failed += 1;
-            } else {
-                drop_traces(&log_dir);
-            }
-            if attempt.hang.is_some() || attempt.interrupted {
-                break;
-            }
-        }
-        result.evidence.replays[0].replayed = Some((failed, of));
-    }
-    summarise(&mut result, seen);
-    for r in &mut reach {
-        r.repeats = result.repeats;
-    }
-    // A required point no repeat reached fails the scenario (not when it was cut short).
-    let cut_short = result.evidence.failures.iter().any(|f| {
-        matches!(
-            f.failure,
-            Failure::Interrupted { .. } | Failure::Watchdog { .. }
-        )
-    });
-    let never: Vec<Failed> = reach
-        .iter()
-        .filter(|r| r.required && r.repeats_reached == 0 && r.repeats > 0 && !cut_short)
-        .map(|r| Failed {
-            repeat: None,
-            failure: Failure::NeverReached {
-                point: r.point.clone(),
-                meaning: r.meaning.clone(),
-                repeats: r.repeats,
-            },
-        })
-        .collect();
-    result.evidence.reach = reach;
-    if !never.is_empty() && result.repeats_failed == 0 {
-        result.verdict = Verdict::Fail;
-        result.reason = Some(
-            never
-                .iter()
-                .map(|f| f.to_string())
-                .collect::<Vec<_>>()
-                .join("; "),
+    if worth_it {
+        replay_first_failure(
+            &mut result,
+            &run_attempt,
+            first_failed_took.unwrap_or_default(),
+            s,
+            cx,
         );
     }
-    result.evidence.failures.extend(never);
-    if result.repeats_failed > 0 {
-        result.verdict = Verdict::Fail;
-        let first = result
-            .evidence
-            .failures
-            .first()
-            .map(|f| f.to_string())
-            .unwrap_or_default();
-        let mut reason = if result.repeats > 1 {
-            format!(
-                "{} of {} repeats failed; first: {first}",
-                result.repeats_failed, result.repeats
-            )
-        } else {
-            first
-        };
-        if let Some(r) = result.evidence.replays.first() {
-            if let Some(st) = r.stability() {
-                reason.push_str(&format!(" ({st})"));
-            }
-        }
-        result.reason = Some(reason);
-    }
+    summarise(&mut result, seen);
+    crate::orchestration::verdict::conclude(&mut result, reach);
     result.duration_s = started.elapsed().as_secs_f64();
     result
+}
+
+/// What one scenario runs with once the command line has had its say: its own faults (or
+/// `--fault`'s), with those its steps declare; the audit's checks, the scenario's and the
+/// profile's; its perturbations (or `--perturb`'s); none of either under `--no-audit`.
+struct Overrides {
+    own_faults: Vec<Fault>,
+    faults: Vec<Fault>,
+    audit: Vec<AuditCheck>,
+    perturb: Vec<Perturb>,
+}
+
+fn overrides(
+    s: &crate::model::scenario::Scenario<crate::rank::steps::Step>,
+    profile_audit: &[AuditCheck],
+    cx: &RunContext,
+) -> Overrides {
+    let own_faults: Vec<Fault> = match &cx.opts.faults {
+        Some(f) => f.clone(),
+        None => s.faults.iter().map(|f| f.value.clone()).collect(),
+    };
+    let faults: Vec<Fault> = own_faults.iter().cloned().chain(s.step_faults()).collect();
+    let mut audit: Vec<AuditCheck> = s.audit.iter().chain(profile_audit).copied().collect();
+    audit.sort();
+    audit.dedup();
+    let mut perturb: Vec<Perturb> = match &cx.opts.perturb {
+        Some(p) => p.clone(),
+        None => s.perturb.iter().map(|p| p.value.clone()).collect(),
+    };
+    if cx.opts.no_audit {
+        audit.clear();
+        perturb.clear();
+    }
+    Overrides {
+        own_faults,
+        faults,
+        audit,
+        perturb,
+    }
+}
+
+/// Run the first failed attempt again, `--replays` times, within the scenario's deadline
+/// (`took`: how long that attempt ran), and record how many of them failed too.
+fn replay_first_failure(
+    result: &mut ScenarioResult,
+    run_attempt: &dyn Fn(u32, String) -> (coordinator::Attempt, PathBuf),
+    took: Duration,
+    s: &crate::model::scenario::Scenario<crate::rank::steps::Step>,
+    cx: &RunContext,
+) {
+    let Some(repeat) = result.evidence.replays.first().map(|r| r.repeat) else {
+        return;
+    };
+    let mut failed = 0;
+    let mut of = 0;
+    // The failed attempt and its replays together stay within the scenario's deadline: a
+    // failure that took most of it (a program that ran to its step's deadline) is not run
+    // again, so a run never spends several deadlines on one scenario.
+    for n in 0..cx.opts.replays {
+        if cx.interrupted.load(Ordering::Relaxed) {
+            break;
+        }
+        if took * (n + 2) > s.deadline.0 {
+            result.evidence.notes.push(format!(
+                "replayed {n} of {} times: another replay ({:.1} s) would run past the scenario's deadline ({:?})",
+                cx.opts.replays,
+                took.as_secs_f64(),
+                s.deadline.0
+            ));
+            break;
+        }
+        let (attempt, log_dir) = run_attempt(repeat, format!("replay-{repeat}-{n}"));
+        of += 1;
+        if !crate::orchestration::verdict::judge(&attempt, &s.expect).is_empty() {
+            failed += 1;
+        } else {
+            drop_traces(&log_dir);
+        }
+        if attempt.hang.is_some() || attempt.interrupted {
+            break;
+        }
+    }
+    result.evidence.replays[0].replayed = Some((failed, of));
 }
 
 /// Every point the scenario's steps declare, once, marked required when it must be reached.
