@@ -26,6 +26,7 @@ pub mod rate_limit;
 pub mod roce_blackhole;
 pub mod roce_corrupt;
 pub mod roce_delay;
+pub mod roce_duplicate;
 pub mod roce_loss;
 pub mod roce_reorder;
 pub mod sigkill;
@@ -254,6 +255,7 @@ registry! {
     LinkCut(link_cut::LinkCut) = "link-cut",
     RateLimit(rate_limit::RateLimit) = "rate-limit",
     RoceBlackhole(roce_blackhole::RoceBlackhole) = "roce-blackhole",
+    RoceDuplicate(roce_duplicate::RoceDuplicate) = "roce-duplicate",
     LinkDown(link_down::LinkDown) = "link-down",
     ;
     with:
