@@ -57,6 +57,7 @@ fn main() {
     }
     ebpf_audit(&out);
     sync_observer(&cc, &out);
+    perturb_observer(&cc, &out);
 }
 
 /// The sync observer (`sync-audit/wringer_sync.c`), preloaded into audited programs: it needs
@@ -75,6 +76,26 @@ fn sync_observer(cc: &str, out: &Path) {
         Ok(()) => println!("cargo:rustc-cfg=sync_observer"),
         Err(why) => println!(
             "cargo:warning=the sync observer did not build ({why}): the audit orders events by timing in this build"
+        ),
+    }
+}
+
+/// The perturbation observer (`perturb/wringer_perturb.c`), preloaded into perturbed
+/// programs: it needs only libc. Without a C compiler perturbations are injected by strace.
+fn perturb_observer(cc: &str, out: &Path) {
+    let src = "perturb/wringer_perturb.c";
+    println!("cargo:rerun-if-changed={src}");
+    println!("cargo:rustc-check-cfg=cfg(perturb_observer)");
+    match compile(
+        cc,
+        out,
+        src,
+        "libwringer-perturb.so",
+        &["-Wl,-soname,libwringer-perturb.so", "-ldl"],
+    ) {
+        Ok(()) => println!("cargo:rustc-cfg=perturb_observer"),
+        Err(why) => println!(
+            "cargo:warning=the perturbation observer did not build ({why}): perturbations are injected by strace in this build"
         ),
     }
 }

@@ -357,3 +357,84 @@ fn an_audited_command_is_recorded_as_a_scenario_that_run_takes_back() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `wringer audit --perturb … -- poll_calls` (built `static` or not): its report.
+fn perturbed_audit(dir: &Path, exe: &Path, tag: &str, extra: &[&str]) -> (Output, Value) {
+    let report = dir.join(tag);
+    let out = Command::new(WRINGER)
+        .args(["audit", "--replays", "0", "--report-dir"])
+        .arg(&report)
+        .args([
+            "--perturb",
+            "{ syscall: poll, delay_exit: 2ms, when: \"3..7+2\" }",
+        ])
+        .args(extra)
+        .arg("--")
+        .arg(exe)
+        .output()
+        .unwrap();
+    (out, first_result(&report))
+}
+
+#[test]
+fn a_dynamically_linked_program_is_perturbed_without_ptrace_and_a_static_one_by_strace() {
+    let dir = temp("perturb");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("poll_calls");
+    cc("harness/tests/fixtures/perturb/poll_calls.c", &exe, false);
+    let (out, r) = perturbed_audit(&dir, &exe, "dynamic", &[]);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    let by = r["evidence"]["perturbed_by"].as_str().unwrap_or_default();
+    assert!(by.starts_with("the preloaded observer"), "{r:#}");
+    // Calls 3, 5 and 7 of each thread, counted per thread: three on the main thread, and the
+    // second thread's call 3 (it makes four).
+    let notes = r["evidence"]["notes"].to_string();
+    assert!(
+        notes.contains("poll: 4 call(s) delayed"),
+        "the program's delays are evidence: {notes}"
+    );
+    for call in [":3 ", ":5 ", ":7 "] {
+        assert!(notes.contains(call), "call {call} delayed: {notes}");
+    }
+    let log = std::fs::read_to_string(
+        dir.join("dynamic/logs")
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+            .join("repeat-0/rank-0.log"),
+    )
+    .unwrap();
+    // (The log escapes the tab.)
+    assert!(log.contains("TracerPid:\\t0"), "no tracer attached: {log}");
+
+    // The same when the run fails: its replay line names the same perturbation, so a replay
+    // delays the same calls.
+    let (out, r) = perturbed_audit(&dir, &exe, "failing", &["--exit", "3"]);
+    assert_eq!(out.status.code(), Some(1), "{r:#}");
+    let line = r["evidence"]["replays"][0]["command"].as_str().unwrap();
+    assert!(
+        line.contains("--perturb") && line.contains("3..7+2"),
+        "{line}"
+    );
+
+    // A static program: no preloaded library reaches it, so strace injects, and says why.
+    let fixed = dir.join("poll_calls_static");
+    let built = Command::new("cc")
+        .args(["-O0", "-static", "-pthread", "-o"])
+        .arg(&fixed)
+        .arg(repo().join("harness/tests/fixtures/perturb/poll_calls.c"))
+        .status()
+        .unwrap();
+    assert!(built.success(), "a static build needs libc6-dev's libc.a");
+    let (out, r) = perturbed_audit(&dir, &fixed, "static", &[]);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    let by = r["evidence"]["perturbed_by"].as_str().unwrap_or_default();
+    assert!(
+        by.starts_with("strace's --inject") && by.contains("statically linked"),
+        "{r:#}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -278,6 +278,7 @@ pub fn startup_once(
         log_dir,
         interrupted: &never,
         placement,
+        perturb_by: crate::orchestration::audit::PerturbBy::Strace,
         suppressions: &[],
     };
     let attempt = coordinator::run(&plan);

@@ -42,6 +42,13 @@ pub struct Args {
     /// call sites as file:line.
     #[arg(long, requires = "sync_observer")]
     pub sync_maps: Option<String>,
+    /// Perturbations without a tracer: re-exec with the perturbation observer preloaded,
+    /// delaying calls by these rules (`SYSCALL,ENTER_US,EXIT_US,FIRST,LAST,STEP;…`).
+    #[arg(long)]
+    pub perturb_rules: Option<String>,
+    /// Where each perturbed process writes which calls it delayed (`PREFIX.<pid>`).
+    #[arg(long, requires = "perturb_rules")]
+    pub perturb_log: Option<String>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
@@ -57,12 +64,17 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         verbs_trace,
         sync_observer,
         sync_maps,
+        perturb_rules,
+        perturb_log,
     } = a;
     if let Some(prefix) = &sync_maps {
         std::env::set_var(wringer::rank::sync_observer::MAPS_ENV, prefix);
     }
     if sync_observer {
         wringer::rank::sync_observer::preload_self()?;
+    }
+    if let Some(rules) = &perturb_rules {
+        wringer::rank::perturb_observer::preload_self(rules, perturb_log.as_deref())?;
     }
     if let Some(prefix) = &verbs_trace {
         wringer::rank::verbs_observer::preload_self(prefix)?;

@@ -91,6 +91,10 @@ pub struct Evidence {
     /// What recorded the ranks' syscalls for the audit, when something did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit_recorder: Option<AuditRecorder>,
+    /// What delayed the perturbed calls (the preloaded observer, or strace and why), when the
+    /// scenario had perturbations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perturbed_by: Option<String>,
 }
 
 /// The audit's syscall recorder for one scenario, and why it is not eBPF when it is not.

@@ -46,17 +46,39 @@ pub struct Tracing<'a> {
     pub perturb: &'a [Perturb],
     pub seed: u64,
     pub backend: AuditBackend,
+    pub perturb_by: audit::PerturbBy,
 }
 
 impl Tracing<'_> {
     /// Whether ranks run under a syscall recorder.
     pub fn syscalls(&self) -> bool {
-        !self.perturb.is_empty() || self.checks.iter().any(|c| c.reads_syscalls())
+        !self.injected().is_empty() || self.checks.iter().any(|c| c.reads_syscalls())
+    }
+
+    /// The perturbations strace injects (none when the observer delays them).
+    fn injected(&self) -> &[Perturb] {
+        match self.perturb_by {
+            audit::PerturbBy::Strace => self.perturb,
+            audit::PerturbBy::Preload => &[],
+        }
     }
 
     /// The words that run a rank (`exe` on its host) under the recorder, trace to `out`.
     fn command(&self, exe: &str, out: &Path) -> Vec<String> {
-        audit::tracer_command(self.backend, exe, self.checks, self.perturb, self.seed, out)
+        audit::tracer_command(
+            self.backend,
+            exe,
+            self.checks,
+            self.injected(),
+            self.seed,
+            out,
+        )
+    }
+
+    /// The perturbation observer's rules, when it delays the perturbed calls.
+    pub fn preload_rules(&self) -> Option<String> {
+        (self.perturb_by == audit::PerturbBy::Preload && !self.perturb.is_empty())
+            .then(|| audit::preload_rules(self.perturb, self.seed))
     }
 
     /// Whether ranks run with the verbs observer preloaded.
@@ -191,6 +213,11 @@ impl RankGroup {
                         maps.push(group.sync_maps_prefix(rank));
                         c.arg("--sync-observer").arg(maps);
                     }
+                    if let Some(rules) = tracing.and_then(Tracing::preload_rules) {
+                        let mut log = std::ffi::OsString::from("--perturb-log=");
+                        log.push(group.perturb_log_prefix(rank));
+                        c.arg(format!("--perturb-rules={rules}")).arg(log);
+                    }
                     c.env(TOKEN_ENV, token).stdin(Stdio::null());
                     c
                 }
@@ -224,6 +251,10 @@ impl RankGroup {
                     if tracing.is_some_and(Tracing::sync) {
                         words.push("--sync-observer");
                     }
+                    let rules = tracing
+                        .and_then(Tracing::preload_rules)
+                        .map(|r| format!("--perturb-rules={r}"));
+                    words.extend(rules.as_deref());
                     let crate::hosts::shell::Via::Ssh(ssh) = &h.target.via else {
                         anyhow::bail!(
                             "{}: a Slurm node is reached through the step",
@@ -439,6 +470,13 @@ impl RankGroup {
     /// Where rank `rank`'s trace is kept here.
     pub fn trace_path(&self, rank: u32) -> PathBuf {
         self.log_dir.join(format!("rank-{rank}.strace"))
+    }
+
+    /// Where a local rank's processes write which calls the perturbation observer delayed
+    /// (`PREFIX.<pid>`).
+    pub fn perturb_log_prefix(&self, rank: u32) -> PathBuf {
+        let dir = std::path::absolute(&self.log_dir).unwrap_or_else(|_| self.log_dir.clone());
+        dir.join(format!("rank-{rank}.perturbed"))
     }
 
     /// Where a local rank's processes write their module maps (`PREFIX.<pid>.maps`), for the

@@ -2,6 +2,7 @@
 //! coordinator, what a step sees of its rank, and the step kinds.
 
 pub mod context;
+pub mod perturb_observer;
 pub mod preload;
 pub mod protocol;
 pub mod slurm_task;

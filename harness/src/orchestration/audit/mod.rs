@@ -46,7 +46,10 @@ use crate::orchestration::happens_before::{Epoch, HappensBefore, Object};
 use crate::orchestration::wait_for::WaitFor;
 
 use self::calls::*;
-pub use self::recorder::{exact_perturbations, path_word, strace_command, tracer_command};
+pub use self::recorder::{
+    exact_perturbations, path_word, perturb_mechanism, preload_rules, statically_linked,
+    strace_command, tracer_command, PerturbBy,
+};
 use self::strace_line::{parse_line, Event};
 
 /// One broken invariant, with the trace lines around it.

@@ -84,9 +84,111 @@ pub fn path_word(p: &Path) -> String {
     }
 }
 
+/// What delays a scenario's perturbed calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerturbBy {
+    /// The perturbation observer, preloaded: libc's wrappers sleep; nothing is traced.
+    Preload,
+    /// strace's `--inject`: every thread stops at every traced call.
+    Strace,
+}
+
+/// How `perturb` can be applied: by the preloaded observer where this build has it, every
+/// perturbed syscall is one it delays and every program is dynamically linked (`statics`:
+/// those that are not), else by strace, with why. `WRINGER_PERTURB_BY=strace` asks for strace.
+pub fn perturb_mechanism(
+    perturb: &[Perturb],
+    statics: &[String],
+    launched_as_step: bool,
+) -> (PerturbBy, Option<String>) {
+    let strace = |why: String| (PerturbBy::Strace, Some(why));
+    if std::env::var("WRINGER_PERTURB_BY").is_ok_and(|v| v == "strace") {
+        return strace("WRINGER_PERTURB_BY=strace".into());
+    }
+    if !crate::rank::perturb_observer::available() {
+        return strace(
+            "this wringer was built without the perturbation observer (no C compiler)".into(),
+        );
+    }
+    if launched_as_step {
+        return strace("Slurm steps start ranks with strace's command line".into());
+    }
+    if let Some(p) = perturb
+        .iter()
+        .find(|p| !crate::rank::perturb_observer::SYSCALLS.contains(&p.syscall.as_str()))
+    {
+        return strace(format!(
+            "the observer does not delay `{}` (it delays {})",
+            p.syscall,
+            crate::rank::perturb_observer::SYSCALLS.join(", ")
+        ));
+    }
+    if let Some(program) = statics.first() {
+        return strace(format!(
+            "{program} is statically linked: no preloaded library reaches its calls"
+        ));
+    }
+    (PerturbBy::Preload, None)
+}
+
+/// The observer's rules for `perturb` as a run with `seed` applies them (the same calls
+/// strace's `--inject` would be told): `SYSCALL,ENTER_US,EXIT_US,FIRST,LAST,STEP;…`.
+pub fn preload_rules(perturb: &[Perturb], seed: u64) -> String {
+    exact_perturbations(perturb, seed)
+        .iter()
+        .map(|p| {
+            let (first, last, step) = p
+                .when
+                .as_deref()
+                .and_then(|w| crate::model::scenario::parse_when(w).ok())
+                .unwrap_or((0, None, None));
+            let us = |d: Option<crate::model::duration::HumanDuration>| {
+                d.map_or(0, |d| d.0.as_micros().max(1))
+            };
+            format!(
+                "{},{},{},{first},{},{}",
+                p.syscall,
+                us(p.delay_enter),
+                us(p.delay_exit),
+                last.unwrap_or(0),
+                step.unwrap_or(0)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// Whether the ELF file at `path` is statically linked (no program interpreter). Scripts and
+/// what cannot be read count as dynamic: their interpreter is what runs.
+pub fn statically_linked(path: &Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut header = [0u8; 64];
+    // ELF64, little-endian: program headers at e_phoff, e_phnum of e_phentsize bytes each.
+    if file.read_exact_at(&mut header, 0).is_err()
+        || &header[..4] != b"\x7fELF"
+        || header[4] != 2
+        || header[5] != 1
+    {
+        return false;
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([header[o], header[o + 1]]) as u64;
+    let mut phoff = [0u8; 8];
+    phoff.copy_from_slice(&header[0x20..0x28]);
+    let (phoff, size, count) = (u64::from_le_bytes(phoff), u16_at(0x36), u16_at(0x38));
+    const PT_INTERP: u32 = 3;
+    !(0..count).any(|i| {
+        let mut kind = [0u8; 4];
+        file.read_exact_at(&mut kind, phoff + i * size).is_ok()
+            && u32::from_le_bytes(kind) == PT_INTERP
+    })
+}
+
 /// The words that run a rank under the syscall recorder, before its own command: `exe
-/// trace-syscalls` (eBPF) or strace. Perturbations need strace's injection, so they get strace
-/// whichever backend was chosen.
+/// trace-syscalls` (eBPF) or strace. Perturbations left to strace's injection get strace
+/// whichever backend was chosen (the caller passes none when the observer delays them).
 pub fn tracer_command(
     backend: AuditBackend,
     exe: &str,

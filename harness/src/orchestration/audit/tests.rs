@@ -710,3 +710,85 @@ fn the_strace_command_carries_seeded_perturbations() {
     let d = strace_command(&[], &exact, 99, Path::new("/tmp/t"));
     assert_eq!(a, d, "exact perturbations replay without the seed");
 }
+
+#[test]
+fn the_observer_is_told_the_calls_strace_would_be() {
+    let p = Perturb {
+        syscall: "recvfrom".into(),
+        delay_enter: None,
+        delay_exit: Some(HumanDuration(std::time::Duration::from_micros(200))),
+        probability: Some(0.25),
+        when: None,
+    };
+    let inject = strace_command(&[], std::slice::from_ref(&p), 7, Path::new("/tmp/t"))
+        .into_iter()
+        .find(|x| x.starts_with("--inject="))
+        .unwrap();
+    let when = inject.rsplit("when=").next().unwrap();
+    let (first, last, step) = crate::model::scenario::parse_when(when).unwrap();
+    let rules = preload_rules(std::slice::from_ref(&p), 7);
+    assert_eq!(
+        rules,
+        format!(
+            "recvfrom,0,200,{first},{},{}",
+            last.unwrap_or(0),
+            step.unwrap_or(0)
+        )
+    );
+    let both = Perturb {
+        syscall: "poll".into(),
+        delay_enter: Some(HumanDuration(std::time::Duration::from_millis(1))),
+        probability: None,
+        when: Some("2..9".into()),
+        ..p.clone()
+    };
+    let always = Perturb {
+        probability: None,
+        ..p
+    };
+    assert_eq!(
+        preload_rules(&[both, always], 7),
+        "poll,1000,200,2,9,0;recvfrom,0,200,0,0,0"
+    );
+}
+
+#[test]
+fn the_observer_delays_what_it_can_reach_and_strace_the_rest_with_why() {
+    let poll = Perturb {
+        syscall: "poll".into(),
+        delay_enter: None,
+        delay_exit: Some(HumanDuration(std::time::Duration::from_micros(100))),
+        probability: None,
+        when: None,
+    };
+    let (by, why) = perturb_mechanism(std::slice::from_ref(&poll), &[], false);
+    if crate::rank::perturb_observer::available() {
+        assert_eq!((by, why), (PerturbBy::Preload, None));
+    }
+    let futex = Perturb {
+        syscall: "futex".into(),
+        ..poll.clone()
+    };
+    let (by, why) = perturb_mechanism(&[poll.clone(), futex], &[], false);
+    assert_eq!(by, PerturbBy::Strace);
+    assert!(why.is_some_and(|w| w.contains("futex") || w.contains("built without")));
+    let (by, why) = perturb_mechanism(std::slice::from_ref(&poll), &["busybox".into()], false);
+    assert_eq!(by, PerturbBy::Strace);
+    assert!(why.is_some_and(|w| w.contains("busybox") || w.contains("built without")));
+    let (by, _) = perturb_mechanism(&[poll], &[], true);
+    assert_eq!(
+        by,
+        PerturbBy::Strace,
+        "a Slurm step's ranks start under strace"
+    );
+}
+
+#[test]
+fn a_program_with_an_interpreter_is_dynamic_and_anything_else_is_not_taken_for_static() {
+    assert!(!statically_linked(Path::new("/bin/sh")));
+    assert!(!statically_linked(Path::new("/nonexistent/program")));
+    let script = std::env::temp_dir().join(format!("wringer-script-{}", std::process::id()));
+    std::fs::write(&script, "#!/bin/sh\ntrue\n").unwrap();
+    assert!(!statically_linked(&script));
+    let _ = std::fs::remove_file(&script);
+}

@@ -72,6 +72,8 @@ pub struct Attempt {
     pub reconciled_failures: Vec<Failure>,
     /// The scenario's faults as they struck, on the wall clock, for `reconcile`.
     pub struck: Vec<StruckFault>,
+    /// What the perturbation observer delayed, per rank and process (local ranks).
+    pub perturbed: Vec<String>,
     /// Stacks captured when the watchdog fired, until the hang is recorded.
     stacks: Vec<(u32, u32, String)>,
 }
@@ -118,6 +120,8 @@ pub struct Plan<'a> {
     pub log_dir: &'a Path,
     pub interrupted: &'a AtomicBool,
     pub placement: &'a Placement,
+    /// What delays the perturbed calls.
+    pub perturb_by: crate::orchestration::audit::PerturbBy,
     /// Audit findings the user has read and silenced (counted, not failed).
     pub suppressions: &'a [Suppression],
 }
@@ -159,6 +163,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         perturb: plan.perturb,
         seed: plan.seed,
         backend: plan.backend,
+        perturb_by: plan.perturb_by,
     });
     // The attempt's clock starts before the ranks are launched: the rendezvous time counts
     // the launcher's own work (spawning, or a Slurm step's set-up), and so do the deadlines.
@@ -240,6 +245,24 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             plan.suppressions,
             &mut attempt.audit_suppressed,
         ));
+    }
+    if tracing
+        .as_ref()
+        .is_some_and(|t| t.preload_rules().is_some())
+    {
+        for rank in 0..plan.ranks {
+            let logs = crate::rank::perturb_observer::read_logs(&group.perturb_log_prefix(rank));
+            attempt.perturbed.extend(
+                logs.into_iter()
+                    .map(|(pid, line)| format!("rank {rank} pid {pid}: {line}")),
+            );
+        }
+        if attempt.perturbed.is_empty() {
+            attempt.perturbed.push(
+                "no process reported a delayed call (none made a chosen call, or none exited by itself)"
+                    .into(),
+            );
+        }
     }
     // SAFETY: shutdown on a listening socket we own wakes the acceptor blocked in accept().
     unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };

@@ -2,6 +2,7 @@
 //! replays of a failure, reachability, and its verdict.
 
 use super::*;
+use crate::orchestration::audit::PerturbBy;
 
 /// `WRINGER_AUDIT_BACKEND` (`ebpf` or `strace`), when set to one of them.
 pub fn audit_backend_from_env() -> Option<AuditBackend> {
@@ -52,8 +53,26 @@ pub(super) fn run_scenario(
         audit,
         perturb,
     } = overrides(s, profile_audit, cx);
-    let recorded = !perturb.is_empty() || audit.iter().any(|c| c.reads_syscalls());
-    let recorder = match choose_recorder(cx.opts.audit_backend, &perturb, ebpf_absent) {
+    let (perturb_by, perturb_why) = crate::orchestration::audit::perturb_mechanism(
+        &perturb,
+        &statically_linked_programs(&steps),
+        matches!(placement.launch(), crate::hosts::backend::Launch::Step(_)),
+    );
+    let injected: &[Perturb] = match perturb_by {
+        PerturbBy::Strace => &perturb,
+        PerturbBy::Preload => &[],
+    };
+    if !perturb.is_empty() {
+        result.evidence.perturbed_by = Some(match (perturb_by, &perturb_why) {
+            (PerturbBy::Preload, _) => {
+                "the preloaded observer (libc's wrappers; no tracer attached)".into()
+            }
+            (PerturbBy::Strace, Some(why)) => format!("strace's --inject ({why})"),
+            (PerturbBy::Strace, None) => "strace's --inject".into(),
+        });
+    }
+    let recorded = !injected.is_empty() || audit.iter().any(|c| c.reads_syscalls());
+    let recorder = match choose_recorder(cx.opts.audit_backend, injected, ebpf_absent) {
         Ok(r) => r,
         Err(detail) if recorded => {
             return ScenarioResult::failed_before_running(
@@ -92,6 +111,7 @@ pub(super) fn run_scenario(
             log_dir: &log_dir,
             interrupted: cx.interrupted,
             placement,
+            perturb_by,
             suppressions: &cx.opts.suppressions,
         };
         (coordinator::run(&plan), log_dir)
@@ -139,6 +159,14 @@ pub(super) fn run_scenario(
                 .iter()
                 .map(|(by, n)| format!("repeat {repeat}: audit: {n} finding(s) suppressed: {by}")),
         );
+        if repeat == 0 || !failures.is_empty() {
+            result.evidence.notes.extend(
+                attempt
+                    .perturbed
+                    .iter()
+                    .map(|p| format!("repeat {repeat}: perturbed: {p}")),
+            );
+        }
         result.evidence.faults.extend(
             attempt
                 .faults_struck
@@ -264,6 +292,25 @@ fn overrides(
         audit,
         perturb,
     }
+}
+
+/// The programs the scenario's exec steps start that are statically linked (where they can be
+/// found here): no preloaded library reaches their calls.
+fn statically_linked_programs(steps: &[crate::rank::steps::Step]) -> Vec<String> {
+    let path = crate::hosts::programs::search_path();
+    let mut out = vec![];
+    for step in steps {
+        let crate::rank::steps::Step::Exec(e) = step else {
+            continue;
+        };
+        for role in e.roles.values() {
+            let found = crate::hosts::programs::resolve(&role.program, &path);
+            if found.is_some_and(|p| crate::orchestration::audit::statically_linked(&p)) {
+                out.push(role.program.clone());
+            }
+        }
+    }
+    out
 }
 
 /// Run the first failed attempt again, `--replays` times, within the scenario's deadline

@@ -474,6 +474,12 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult, run_dir: &std::path::Pa
         .audit_recorder
         .iter()
         .map(|r| format!("syscalls recorded by {r}"))
+        .chain(
+            s.evidence
+                .perturbed_by
+                .iter()
+                .map(|p| format!("perturbed calls delayed by {p}")),
+        )
         .collect();
     list(h, "audit", &recorder);
     list(h, "faults", &s.evidence.faults);
