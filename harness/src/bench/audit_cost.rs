@@ -1,7 +1,9 @@
 //! What the lifecycle audit costs: whole audited scenarios (start-up included, as a user waits
 //! for all of it) with each syscall recorder against the same scenario unaudited, alternating
-//! in rounds like every other row. Perturbations are set aside on both sides: they are strace's
-//! to inject, and what is measured is the recorder.
+//! in rounds like every other row. The recorder rows set perturbations aside on both sides, so
+//! that what is measured is the recorder; one more row runs each scenario as it ships (its
+//! perturbations delayed by the preloaded observer, its audit on) against the same scenario
+//! with `--no-audit`, as a user compares them.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -75,6 +77,17 @@ pub fn rows(hosts: &Path, method: Method, logs: &Path) -> Vec<Row> {
                 || once(hosts, scenario, &["--no-audit"], logs),
             ));
         }
+        rows.push(versus(
+            method,
+            (
+                format!("audit cost: {name} as it ships (audited, perturbed) vs unaudited"),
+                "s",
+                "the same scenario, --no-audit",
+                goal.map(Goal::RatioAtMost),
+            ),
+            || once(hosts, scenario, &[], logs),
+            || once(hosts, scenario, &["--no-audit"], logs),
+        ));
     }
     rows
 }

@@ -48,7 +48,7 @@ fn expand_releases(loaded: Vec<Loaded>) -> anyhow::Result<Vec<Loaded>> {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => e.insert(
                 wringer::hosts::releases::installed(family)
-                    .map_err(|why| InputError::plain(&path, why))?,
+                    .map_err(|why| InputError::plain(&path, why.to_string()))?,
             ),
         };
         out.extend(steps::for_releases(l, releases).map_err(|why| InputError::plain(&path, why))?);

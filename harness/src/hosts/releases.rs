@@ -46,7 +46,7 @@ fn default_folder() -> PathBuf {
 /// The installed releases, oldest first. A folder that WRINGER_TORCH names and that holds no
 /// torch is an error (it says which); an incomplete install under the default folder is passed
 /// over, so a half-finished `just external-torch` never becomes a failure.
-pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
+pub fn installed(family: ReleaseFamily) -> anyhow::Result<Vec<Release>> {
     let named = std::env::var(variable(family))
         .ok()
         .filter(|v| !v.trim().is_empty());
@@ -54,11 +54,12 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
     match named {
         Some(list) => {
             for folder in list.split(':').filter(|f| !f.is_empty()) {
-                let why = |why: String| format!("{}={list}: {folder}: {why}", variable(family));
+                let why =
+                    |why: String| anyhow::anyhow!("{}={list}: {folder}: {why}", variable(family));
                 // Absolute, so the same path holds on container hosts (bind-mounted there).
                 let root = std::fs::canonicalize(folder)
                     .map_err(|e| why(format!("cannot be opened ({e})")))?;
-                let version = torch_version(&root).map_err(why)?;
+                let version = torch_version(&root).map_err(|e| why(e.to_string()))?;
                 found.push(Release { version, root });
             }
         }
@@ -77,13 +78,13 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
     found.sort_by_key(|a| version_order(&a.version));
     for pair in found.windows(2) {
         if pair[0].version == pair[1].version {
-            return Err(format!(
+            anyhow::bail!(
                 "two {} releases have version {}: {} and {}",
                 family.as_str(),
                 pair[0].version,
                 pair[0].root.display(),
                 pair[1].root.display()
-            ));
+            );
         }
     }
     Ok(found)
@@ -91,42 +92,42 @@ pub fn installed(family: ReleaseFamily) -> Result<Vec<Release>, String> {
 
 /// A small text file, the bounded way: a regular file only (a FIFO planted or named there
 /// would block), at most 64 KiB (torch's version.py is a few hundred bytes).
-fn read_small(file: &Path) -> Result<String, String> {
+fn read_small(file: &Path) -> anyhow::Result<String> {
     use std::io::Read;
     let (f, _) = crate::model::input::open_regular(file).map_err(|e| match e {
-        crate::model::input::NotOpened::Io(e) => e.to_string(),
+        crate::model::input::NotOpened::Io(e) => anyhow::Error::from(e),
         crate::model::input::NotOpened::NotRegular(what) => {
-            format!("is {what}, not a regular file")
+            anyhow::anyhow!("is {what}, not a regular file")
         }
     })?;
     let mut bytes = vec![];
-    f.take(64 << 10)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+    f.take(64 << 10).read_to_end(&mut bytes)?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// The version of the torch that `root` (a venv or a Python prefix) holds, as a name part:
 /// `2.15.0+cu132` is `2.15.0` (the local build tag is the same Gloo), anything outside a
 /// name's characters becomes `_`.
-fn torch_version(root: &Path) -> Result<String, String> {
+fn torch_version(root: &Path) -> anyhow::Result<String> {
     if !root.join("bin/python").exists() {
-        return Err("has no bin/python (name a venv or a Python prefix)".into());
+        anyhow::bail!("has no bin/python (name a venv or a Python prefix)");
     }
     let lib = root.join("lib");
-    let entries =
-        std::fs::read_dir(&lib).map_err(|e| format!("cannot read {}: {e}", lib.display()))?;
+    let entries = std::fs::read_dir(&lib)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", lib.display()))?;
     let file = entries
         .flatten()
         .map(|e| e.path().join("site-packages/torch/version.py"))
         .find(|f| f.is_file())
-        .ok_or("holds no torch (no lib/python*/site-packages/torch/version.py)")?;
-    let text = read_small(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!("holds no torch (no lib/python*/site-packages/torch/version.py)")
+        })?;
+    let text = read_small(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let raw = text
         .lines()
         .find_map(|l| l.strip_prefix("__version__"))
         .and_then(|rest| rest.split(['\'', '"']).nth(1))
-        .ok_or_else(|| format!("{} has no __version__", file.display()))?;
+        .ok_or_else(|| anyhow::anyhow!("{} has no __version__", file.display()))?;
     let public = raw.split('+').next().unwrap_or(raw);
     let version: String = public
         .chars()
@@ -139,7 +140,7 @@ fn torch_version(root: &Path) -> Result<String, String> {
             }
         })
         .collect();
-    name::check(&format!("v{version}")).map_err(|why| format!("version `{raw}`: {why}"))?;
+    name::check(&format!("v{version}")).map_err(|why| anyhow::anyhow!("version `{raw}`: {why}"))?;
     Ok(version)
 }
 
@@ -176,14 +177,15 @@ mod tests {
         assert_eq!(found[1].root, std::fs::canonicalize(&a).unwrap());
         // A folder without torch is an error that names it, not a silent skip.
         std::env::set_var("WRINGER_TORCH", dir.join("nothing").display().to_string());
-        let e = installed(ReleaseFamily::Torch).unwrap_err();
+        let e = installed(ReleaseFamily::Torch).unwrap_err().to_string();
         assert!(e.contains("nothing: cannot be opened"), "{e}");
         std::env::set_var("WRINGER_TORCH", dir.display().to_string());
-        let e = installed(ReleaseFamily::Torch).unwrap_err();
+        let e = installed(ReleaseFamily::Torch).unwrap_err().to_string();
         assert!(e.contains("has no bin/python"), "{e}");
         std::env::set_var("WRINGER_TORCH", format!("{}:{}", a.display(), a.display()));
         assert!(installed(ReleaseFamily::Torch)
             .unwrap_err()
+            .to_string()
             .contains("two torch releases"));
         std::env::remove_var("WRINGER_TORCH");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -9,7 +9,8 @@ use crate::hosts::profile::HostProfile;
 use crate::model::failure::Failure;
 use crate::model::requirement::{Requirement, SkipCode, SkipReason};
 use crate::model::result::ScenarioResult;
-use crate::model::scenario::{Fault, Reach, Scenario, Strikes};
+use crate::model::scenario::{Fault, Perturb, Reach, Scenario, Strikes};
+use serde_saphyr::Spanned;
 
 /// What happens to a scenario before any rank starts.
 #[derive(Debug, PartialEq)]
@@ -79,12 +80,14 @@ impl Policy<'_> {
                 return self.unmet(reason, &[]);
             }
         }
-        // strace is needed for perturbations (it injects them), and wherever any host of the
-        // run cannot record with eBPF (the run then records with strace on every host).
+        // strace is needed for perturbations the preloaded observer cannot delay (it injects
+        // them), and wherever any host of the run cannot record with eBPF (the run then
+        // records with strace on every host).
         let ebpf_everywhere = self.facts.iter().all(|f| f.ebpf_absent.is_none());
-        let needs_strace = traced && (!s.perturb.is_empty() || !ebpf_everywhere);
+        let injected = !s.perturb.is_empty() && !observer_delays(&s.perturb);
+        let needs_strace = traced && (injected || !ebpf_everywhere);
         if let Some(f) = self.facts.iter().find(|f| needs_strace && !f.strace) {
-            let why = if s.perturb.is_empty() {
+            let why = if !injected {
                 "the lifecycle audit records syscalls with strace where eBPF cannot"
             } else {
                 "perturbations are injected by strace"
@@ -151,6 +154,16 @@ fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
 
 /// Why the verbs audit cannot run here, if it cannot: this build lacks the observer, or the
 /// ranks are Slurm tasks (their launch does not pass it on).
+/// Whether the preloaded observer can delay every one of `perturb`'s calls (this build has it,
+/// and it wraps each syscall named); a static program still falls back to strace when it runs.
+fn observer_delays(perturb: &[Spanned<Perturb>]) -> bool {
+    use crate::rank::perturb_observer::{available, SYSCALLS};
+    available()
+        && perturb
+            .iter()
+            .all(|p| SYSCALLS.contains(&p.value.syscall.as_str()))
+}
+
 fn no_verbs_observer(profile: &HostProfile) -> Option<SkipReason> {
     let detail = if !crate::rank::verbs_observer::available() {
         "this wringer was built without the verbs observer: install libibverbs-dev and librdmacm-dev, then rebuild"
@@ -286,6 +299,7 @@ mod tests {
         let p = profile::load(&repo("hosts/local.yaml")).unwrap();
         let mut f = bare();
         f.strace = false;
+        f.ebpf_absent = Some("loading BPF programs needs root".into());
         let facts = [f];
         let mut policy = Policy {
             profile: &p,
@@ -300,6 +314,17 @@ mod tests {
         assert_eq!(why.code, SkipCode::NoStrace, "{why}");
         policy.no_audit = true;
         assert_eq!(policy.decide(&s.scenario), Decision::Run);
+        // With eBPF, its perturbation (a `poll` exit delay) needs no strace: the preloaded
+        // observer delays it.
+        let mut f = bare();
+        f.strace = false;
+        f.ebpf_absent = None;
+        let facts = [f];
+        policy.facts = &facts;
+        policy.no_audit = false;
+        if crate::rank::perturb_observer::available() {
+            assert_eq!(policy.decide(&s.scenario), Decision::Run);
+        }
     }
 
     #[test]

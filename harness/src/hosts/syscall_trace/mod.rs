@@ -30,7 +30,7 @@ pub fn unusable() -> Option<String> {
         return Some("loading BPF programs needs root".into());
     }
     if let Err(e) = mount_tracefs() {
-        return Some(e);
+        return Some(e.to_string());
     }
     // Loaded and verified, not attached: a detach waits for RCU grace periods (about 70 ms
     // each here), which every run would pay at its start.
@@ -42,7 +42,7 @@ pub fn unusable() -> Option<String> {
 }
 
 /// tracefs is not mounted on every machine at boot; root can mount it.
-fn mount_tracefs() -> Result<(), String> {
+fn mount_tracefs() -> anyhow::Result<()> {
     let events = Path::new(TRACEFS).join("events/raw_syscalls");
     if events.exists() {
         return Ok(());
@@ -53,11 +53,11 @@ fn mount_tracefs() -> Result<(), String> {
         .output();
     match status {
         Ok(o) if o.status.success() && events.exists() => Ok(()),
-        Ok(o) => Err(format!(
+        Ok(o) => anyhow::bail!(
             "tracefs is not mounted at {TRACEFS} and mounting it failed: {}",
             String::from_utf8_lossy(&o.stderr).trim()
-        )),
-        Err(e) => Err(format!("tracefs is not mounted at {TRACEFS} (mount: {e})")),
+        ),
+        Err(e) => anyhow::bail!("tracefs is not mounted at {TRACEFS} (mount: {e})"),
     }
 }
 

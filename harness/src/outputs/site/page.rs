@@ -402,27 +402,24 @@ fn evidence(h: &mut String, runs: &[Run]) {
 /// leads out of the run must not copy another file into it), with a bounded seek.
 const TAIL: u64 = 4096;
 
-fn log_tail(log: &std::path::Path, run_dir: &std::path::Path) -> Result<String, String> {
+fn log_tail(log: &std::path::Path, run_dir: &std::path::Path) -> anyhow::Result<String> {
     use crate::model::input::{open_regular, NotOpened};
     use std::io::{Read, Seek, SeekFrom};
     let inside = match (log.canonicalize(), run_dir.canonicalize()) {
         (Ok(l), Ok(d)) => l.starts_with(&d),
-        (Err(e), _) => return Err(e.to_string()),
-        (_, Err(e)) => return Err(format!("the run's folder: {e}")),
+        (Err(e), _) => return Err(e.into()),
+        (_, Err(e)) => anyhow::bail!("the run's folder: {e}"),
     };
     if !inside {
-        return Err("is outside the run's folder, so it is not shown".into());
+        anyhow::bail!("is outside the run's folder, so it is not shown");
     }
     let (mut f, len) = open_regular(log).map_err(|e| match e {
-        NotOpened::Io(e) => e.to_string(),
-        NotOpened::NotRegular(what) => format!("is {what}, so it is not shown"),
+        NotOpened::Io(e) => anyhow::Error::from(e),
+        NotOpened::NotRegular(what) => anyhow::anyhow!("is {what}, so it is not shown"),
     })?;
-    f.seek(SeekFrom::Start(len.saturating_sub(TAIL)))
-        .map_err(|e| e.to_string())?;
+    f.seek(SeekFrom::Start(len.saturating_sub(TAIL)))?;
     let mut tail = vec![];
-    f.take(TAIL)
-        .read_to_end(&mut tail)
-        .map_err(|e| e.to_string())?;
+    f.take(TAIL).read_to_end(&mut tail)?;
     Ok(String::from_utf8_lossy(&tail).into_owned())
 }
 
@@ -534,7 +531,7 @@ fn scenario_evidence(h: &mut String, s: &ScenarioResult, run_dir: &std::path::Pa
                     h,
                     "<p class=\"muted\">rank log {}: {}</p>",
                     e(&log.display().to_string()),
-                    e(&err)
+                    e(&err.to_string())
                 );
             }
         }
