@@ -250,14 +250,16 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         .as_ref()
         .is_some_and(|t| t.preload_rules().is_some())
     {
-        for rank in 0..plan.ranks {
+        // A remote rank's processes write theirs on its host, where they stay.
+        let here: Vec<u32> = (0..plan.ranks).filter(|r| group.runs_here(*r)).collect();
+        for &rank in &here {
             let logs = crate::rank::perturb_observer::read_logs(&group.perturb_log_prefix(rank));
             attempt.perturbed.extend(
                 logs.into_iter()
                     .map(|(pid, line)| format!("rank {rank} pid {pid}: {line}")),
             );
         }
-        if attempt.perturbed.is_empty() {
+        if attempt.perturbed.is_empty() && !here.is_empty() {
             attempt.perturbed.push(
                 "no process reported a delayed call (none made a chosen call, or none exited by itself)"
                     .into(),
