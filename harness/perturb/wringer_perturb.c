@@ -144,8 +144,19 @@ static void write_log(void)
     syscall(SYS_close, fd);
 }
 
+/* Every libc function wrapped here, and where its real definition is: found at load, so that
+ * no wrapper calls dlsym later (in a signal handler, say). */
+#define WRAPPED(X)                                                                       \
+    X(poll) X(ppoll) X(accept) X(accept4) X(connect) X(recv) X(recvfrom) X(recvmsg)      \
+    X(send) X(sendto) X(sendmsg) X(read) X(write) X(readv) X(writev) X(close)            \
+    X(shutdown) X(epoll_wait) X(epoll_pwait)
+#define DECLARE(name) static __typeof__(name) *real_##name;
+#define RESOLVE(name) real_##name = (__typeof__(name) *)dlsym(RTLD_NEXT, #name);
+WRAPPED(DECLARE)
+
 __attribute__((constructor)) static void start(void)
 {
+    WRAPPED(RESOLVE)
     parse_rules();
 }
 
@@ -154,11 +165,11 @@ __attribute__((destructor)) static void end(void)
     write_log();
 }
 
-/* The next definition of `name` (libc's), found once. */
+/* The next definition of `name` (libc's); a call made before the constructor ran (another
+ * library's constructor) finds it here. */
 #define REAL(name)                                                                       \
-    static __typeof__(name) *real_##name;                                                \
     if (real_##name == NULL)                                                             \
-        real_##name = (__typeof__(name) *)dlsym(RTLD_NEXT, #name);
+        RESOLVE(name)
 
 /* A wrapper: count, delay on entry, call libc, delay on exit (errno kept). */
 #define PERTURBED(syscall_name, name, call)                                              \
