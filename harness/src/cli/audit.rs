@@ -92,6 +92,11 @@ fn program_path(p: &str) -> String {
     }
 }
 
+/// A value built here, not read from a file: nothing in it has a place in one.
+fn unplaced<T>(value: T) -> Spanned<T> {
+    Spanned::new(value, Location::UNKNOWN, Location::UNKNOWN)
+}
+
 /// The scenario that runs the command, as typed values.
 fn scenario(a: &Args, checks: &[AuditCheck]) -> Scenario<Step> {
     let name = Path::new(&a.command[0])
@@ -110,8 +115,6 @@ fn scenario(a: &Args, checks: &[AuditCheck]) -> Scenario<Step> {
             }
         })
         .collect();
-    // Built here, not read from a file: nothing in it has a place in one.
-    let unplaced = |v| Spanned::new(v, Location::UNKNOWN, Location::UNKNOWN);
     let deadline = a.deadline.0;
     let mut role = Role::program(
         (0..a.ranks).collect(),
@@ -130,7 +133,7 @@ fn scenario(a: &Args, checks: &[AuditCheck]) -> Scenario<Step> {
         name: format!("audit-{}", slug.trim_matches('-')),
         description: format!("wringer audit -- {}", a.command.join(" ")),
         requires: vec![],
-        ranks: Spanned::new(a.ranks, Location::UNKNOWN, Location::UNKNOWN),
+        ranks: unplaced(a.ranks),
         deadline: HumanDuration(deadline + std::time::Duration::from_secs(30)),
         repeat: 1,
         faults: vec![],

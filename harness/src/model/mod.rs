@@ -14,6 +14,7 @@ pub mod reach;
 pub mod requirement;
 pub mod result;
 pub mod scenario;
+pub mod seed;
 pub mod suppression;
 pub mod sync_marker;
 pub mod syscalls;

@@ -154,14 +154,12 @@ fn no_host_control(f: &Fault, profile: &HostProfile) -> SkipReason {
 
 /// Why the verbs audit cannot run here, if it cannot: this build lacks the observer, or the
 /// ranks are Slurm tasks (their launch does not pass it on).
-/// Whether the preloaded observer can delay every one of `perturb`'s calls (this build has it,
-/// and it wraps each syscall named); a static program still falls back to strace when it runs.
+/// Whether the preloaded observer will delay `perturb`'s calls (the runner's own choice; a
+/// static program still falls back to strace when it runs).
 fn observer_delays(perturb: &[Spanned<Perturb>]) -> bool {
-    use crate::rank::perturb_observer::{available, SYSCALLS};
-    available()
-        && perturb
-            .iter()
-            .all(|p| SYSCALLS.contains(&p.value.syscall.as_str()))
+    let perturb: Vec<Perturb> = perturb.iter().map(|p| p.value.clone()).collect();
+    crate::orchestration::audit::perturb_mechanism(&perturb, &[], false).0
+        == crate::orchestration::audit::PerturbBy::Preload
 }
 
 fn no_verbs_observer(profile: &HostProfile) -> Option<SkipReason> {

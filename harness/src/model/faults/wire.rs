@@ -54,13 +54,11 @@ pub fn netem(spec: &str) -> String {
 /// same stream.
 pub fn residues(seed: u64, stream: u64, count: u8) -> String {
     let mut state = seed ^ stream.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // splitmix64's sequence: each draw mixes the state, then the state steps on.
     let mut next = || {
-        // splitmix64
+        let z = crate::model::seed::splitmix(state);
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        z
     };
     let mut all: Vec<u8> = (0..100).collect();
     for i in (1..all.len()).rev() {
