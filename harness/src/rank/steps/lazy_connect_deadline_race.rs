@@ -1,5 +1,5 @@
-//! lazy-connect-deadline-race: rank 1 connects to rank 0's lazy-connect wait at times spread
-//! across the wait's deadline (before it, at it, just after it, with seeded jitter), hundreds
+//! lazy-connect-deadline-race: rank 1 connects to rank 0's lazy-connect wait around the wait's
+//! deadline (swept across it with seeded jitter, and aimed where the outcomes flip), hundreds
 //! of times. For every attempt both sides must agree: both have the connection, or neither
 //! does and the initiator was refused or closed, never left in silence. The coordinator checks
 //! that from both ranks' per-attempt outcomes (the Gloo review's 2f: a late timer that fires
@@ -122,6 +122,7 @@ impl StepKind for LazyConnectDeadlineRace {
         }
         let (wait, spread, deadline) = (self.wait_timeout.0, self.spread.0, self.deadline.0);
         let mut rng = ctx.seed ^ (step as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut aim = Aim::new(spread);
         for i in 0..self.attempts {
             ctx.pair_barrier(step, &format!("attempt-{i}"), deadline)?;
             let sequence = seq(step, i as u64);
@@ -143,15 +144,11 @@ impl StepKind for LazyConnectDeadlineRace {
                     Err(e) => return Err(e.into()),
                 }
             } else {
-                // Land anywhere in [wait - spread, wait + spread] after the barrier.
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let offset =
-                    (rng % (2 * spread.as_micros() as u64 + 1)) as i64 - spread.as_micros() as i64;
-                let at = wait.as_micros() as i64 + offset;
+                let at = aim.next_offset(i, &mut rng) + wait.as_micros() as i64;
                 std::thread::sleep(Duration::from_micros(at.max(0) as u64));
-                initiate(ctx, sequence, PROOF_LIMIT)
+                let seen = initiate(ctx, sequence, PROOF_LIMIT);
+                aim.learn(i, &seen);
+                seen
             };
             report.outcome(&outcome)?;
         }
@@ -210,6 +207,48 @@ impl StepKind for LazyConnectDeadlineRace {
             metrics,
             notes,
             failures: vec![],
+        }
+    }
+}
+
+/// Where rank 1's connects land, in µs from the listener's deadline. Every fourth attempt
+/// sweeps the whole spread, so both outcomes occur wherever the deadline falls in it. The rest aim at the
+/// point where this machine's outcomes flip (the deadline as the listener sees it, after the
+/// accept and the hello), found by a staircase: one nudge later after a connect that
+/// succeeded, one earlier after one that did not. The race window there is microseconds wide;
+/// a uniform sweep of milliseconds lands in it a few times in hundreds, the aimed ones tens.
+struct Aim {
+    spread: i64,
+    nudge: i64,
+    at: i64,
+}
+
+impl Aim {
+    fn new(spread: Duration) -> Aim {
+        let spread = spread.as_micros() as i64;
+        Aim {
+            spread,
+            nudge: (spread / 20).max(1),
+            at: 0,
+        }
+    }
+
+    fn next_offset(&self, attempt: u32, rng: &mut u64) -> i64 {
+        *rng ^= *rng << 13;
+        *rng ^= *rng >> 7;
+        *rng ^= *rng << 17;
+        let within = |half: i64| (*rng % (2 * half as u64 + 1)) as i64 - half;
+        if attempt % 4 == 0 {
+            within(self.spread)
+        } else {
+            (self.at + within(self.nudge)).clamp(-self.spread, self.spread)
+        }
+    }
+
+    fn learn(&mut self, attempt: u32, seen: &Seen) {
+        if attempt % 4 != 0 {
+            let later = if *seen == Seen::Connected { 1 } else { -1 };
+            self.at = (self.at + later * self.nudge).clamp(-self.spread, self.spread);
         }
     }
 }
@@ -281,6 +320,29 @@ mod tests {
                 (DISAGREEMENTS, 2.0),
             ]
         );
+    }
+
+    #[test]
+    fn the_aimed_connects_follow_the_flip_point_and_the_sweep_covers_the_spread() {
+        let mut aim = Aim::new(Duration::from_millis(10));
+        let mut rng = 0x2545_f491_4f6c_dd1d;
+        // Connects that land before -3 ms succeed here: the aim settles there.
+        let mut swept = (i64::MAX, i64::MIN);
+        for i in 0..400 {
+            let offset = aim.next_offset(i, &mut rng);
+            assert!((-10_000..=10_000).contains(&offset), "{offset}");
+            if i % 4 == 0 {
+                swept = (swept.0.min(offset), swept.1.max(offset));
+            }
+            let seen = if offset < -3_000 {
+                Seen::Connected
+            } else {
+                Seen::Refused
+            };
+            aim.learn(i, &seen);
+        }
+        assert!((-4_000..=-2_000).contains(&aim.at), "{}", aim.at);
+        assert!(swept.0 < -9_000 && swept.1 > 9_000, "{swept:?}");
     }
 
     #[test]
