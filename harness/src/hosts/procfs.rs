@@ -88,6 +88,27 @@ pub fn group_members(pgid: u32) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// A thread's state letter from its `stat` line ("?" when unreadable).
+fn state_of(stat: &str) -> &str {
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .unwrap_or("?")
+}
+
+/// Whether every thread of `pid` has stopped (or the process is gone). A stop signal is taken
+/// by each thread when it next runs, so one that was waiting for a CPU when `kill` returned
+/// still shows `R` for a moment after it.
+pub fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // "?": the thread ended between the listing and the read.
+        matches!(state_of(&stat), "T" | "t" | "Z" | "X" | "?")
+    })
+}
+
 /// Kernel stacks of every thread of `pid`, and (with a `gdb_limit`, when gdb is installed)
 /// user-space stacks too.
 pub fn capture_stacks(pid: u32, gdb_limit: Option<Duration>) -> String {
@@ -108,10 +129,7 @@ pub fn capture_stacks(pid: u32, gdb_limit: Option<Duration>) -> String {
                 .unwrap_or_else(|e| format!("(unreadable: {e})\n"));
             // The state when read (T: stopped, as the watchdog freezes a hung rank first).
             let stat = std::fs::read_to_string(base.join("stat")).unwrap_or_default();
-            let state = stat
-                .rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().next())
-                .unwrap_or("?");
+            let state = state_of(&stat);
             out.push_str(&format!(
                 "--- thread {tid} ({}) state={state} wchan={} syscall={}\n{stack}",
                 name.trim(),

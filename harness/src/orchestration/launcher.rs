@@ -29,6 +29,10 @@ use crate::orchestration::slurm_step::SlurmStep;
 pub use crate::orchestration::slurm_step::StepLimits;
 use crate::rank::protocol::TOKEN_ENV;
 
+/// How long every thread of a rank sent SIGSTOP may take to stop: each takes the signal when it
+/// next runs, which on a loaded machine can be a scheduler tick or a few away.
+const STOP_TAKEN_WITHIN: Duration = Duration::from_secs(1);
+
 struct RankProc {
     /// The local process: the rank itself, or the `ssh` that carries it (none under Slurm:
     /// one srun carries them all).
@@ -380,11 +384,16 @@ impl RankGroup {
     }
 
     /// Kernel stacks of every thread of `rank`, wherever it runs, and user stacks (gdb) within
-    /// `gdb` when given.
+    /// `gdb` when given. A rank here that was just sent SIGSTOP is read once every thread of it
+    /// has stopped (within [`STOP_TAKEN_WITHIN`]), so its stacks are the frozen ones.
     pub fn stacks(&self, rank: u32, gdb: Option<Duration>) -> Option<(u32, String)> {
         let pid = self.pid(rank)?;
         match self.target(rank) {
             None => {
+                crate::hosts::procfs::wait_until(
+                    || crate::hosts::procfs::all_threads_stopped(pid),
+                    STOP_TAKEN_WITHIN,
+                );
                 // The rank, then every program it started (an exec step's), so a hang inside
                 // an external program shows where.
                 let mut text = String::new();
