@@ -212,11 +212,11 @@ impl StepKind for LazyConnectDeadlineRace {
 }
 
 /// Where rank 1's connects land, in µs from the listener's deadline. Every fourth attempt
-/// sweeps the whole spread, so both outcomes occur wherever the deadline falls in it. The rest aim at the
-/// point where this machine's outcomes flip (the deadline as the listener sees it, after the
-/// accept and the hello), found by a staircase: one nudge later after a connect that
-/// succeeded, one earlier after one that did not. The race window there is microseconds wide;
-/// a uniform sweep of milliseconds lands in it a few times in hundreds, the aimed ones tens.
+/// sweeps the whole spread, so both outcomes occur wherever the deadline falls in it. The rest
+/// aim at the point where this machine's outcomes flip (the deadline as the listener sees it,
+/// after the accept and the hello), found by a staircase: one nudge later after a connect that
+/// succeeded, one earlier after one that did not. A uniform sweep of milliseconds lands in a
+/// narrow race window a few times in hundreds; the aimed connects, tens of times.
 struct Aim {
     spread: i64,
     nudge: i64,
@@ -233,12 +233,17 @@ impl Aim {
         }
     }
 
+    /// Whether `attempt` is one of the sweep's (the others are aimed, and teach the aim).
+    fn sweeps(attempt: u32) -> bool {
+        attempt % 4 == 0
+    }
+
     fn next_offset(&self, attempt: u32, rng: &mut u64) -> i64 {
         *rng ^= *rng << 13;
         *rng ^= *rng >> 7;
         *rng ^= *rng << 17;
         let within = |half: i64| (*rng % (2 * half as u64 + 1)) as i64 - half;
-        if attempt % 4 == 0 {
+        if Aim::sweeps(attempt) {
             within(self.spread)
         } else {
             (self.at + within(self.nudge)).clamp(-self.spread, self.spread)
@@ -246,7 +251,7 @@ impl Aim {
     }
 
     fn learn(&mut self, attempt: u32, seen: &Seen) {
-        if attempt % 4 != 0 {
+        if !Aim::sweeps(attempt) {
             let later = if *seen == Seen::Connected { 1 } else { -1 };
             self.at = (self.at + later * self.nudge).clamp(-self.spread, self.spread);
         }
@@ -331,7 +336,7 @@ mod tests {
         for i in 0..400 {
             let offset = aim.next_offset(i, &mut rng);
             assert!((-10_000..=10_000).contains(&offset), "{offset}");
-            if i % 4 == 0 {
+            if Aim::sweeps(i) {
                 swept = (swept.0.min(offset), swept.1.max(offset));
             }
             let seen = if offset < -3_000 {
