@@ -17,7 +17,7 @@ test: build-deps (apt "chromium" "strace" "xz-utils" "zstd" "make" "git" "liburi
 
 # The main job: build in release and run every scenario this machine can run (loopback by default), the external programs' scenarios (Gloo, libfabric, UCX) included. Where the kernel has no RDMA device, `wringer run` sends the scenarios that need RDMA to the profile's soft-RoCE VM (`rdma_vm:`, set up once here); WRINGER_NO_VM=1 skips them instead.
 test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace") external rxe-if-needed
-    PATH="$PWD/target/external:$PATH" cargo run --release -q -p wringer --bin wringer -- run --hosts {{hosts}} {{args}}
+    w=$(bash scripts/wringer-bin.sh) || exit 2; PATH="$PWD/target/external:$PATH" "$w" run --hosts {{hosts}} {{args}}
 
 # Set up the soft-RoCE VM once (setup-rxe) where this kernel has no RDMA; whether a run uses it is wringer's decision (the profile's `rdma_vm:`).
 [private]
@@ -56,9 +56,14 @@ validate:
 
 # The programs the exec scenarios run: Debian's Gloo, libfabric and UCX, and wringer-gloo (a small driver for the real Gloo, external/gloo) built into target/external; also verbs_teardown, the verbs audit's C fixture.
 external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++" "libibverbs-dev")
-    mkdir -p target/external
-    g++ -O2 -std=c++17 -Wall -Wextra -Werror -o target/external/wringer-gloo external/gloo/wringer_gloo.cc -lgloo -pthread
-    gcc -O2 -Wall -Wextra -Werror -o target/external/verbs_teardown harness/tests/fixtures/broken/verbs_teardown.c -libverbs
+    #!/usr/bin/env bash
+    set -euo pipefail
+    # Each program is built only when its source is newer, and renamed into place whole, so a
+    # stage running beside this one never starts a half-written binary.
+    x=target/external
+    mkdir -p $x
+    [ $x/wringer-gloo -nt external/gloo/wringer_gloo.cc ] || { g++ -O2 -std=c++17 -Wall -Wextra -Werror -o $x/wringer-gloo.$$ external/gloo/wringer_gloo.cc -lgloo -pthread && mv -f $x/wringer-gloo.$$ $x/wringer-gloo; }
+    [ $x/verbs_teardown -nt harness/tests/fixtures/broken/verbs_teardown.c ] || { gcc -O2 -Wall -Wextra -Werror -o $x/verbs_teardown.$$ harness/tests/fixtures/broken/verbs_teardown.c -libverbs && mv -f $x/verbs_teardown.$$ $x/verbs_teardown; }
 
 # The torch releases the torch scenarios run against, each in a venv under target/torch/: the newest, and the oldest whose ProcessGroupGloo honours TORCH_GLOO_LAZY_INIT (2.8.0; 2.7.1 and older do not have it). Also your own builds: `just external-torch path/to/torch-*.whl`. Idempotent: installs only the missing ones. Installs wringer-torch (the driver, external/torch) into target/external.
 external-torch *wheels="": (apt "python3-venv")
@@ -78,8 +83,7 @@ torch_releases := "2.8.0 2.15.0"
 test-torch hosts="hosts/local.yaml" *args="": build-deps external-torch
     #!/usr/bin/env bash
     set -uo pipefail
-    cargo build --release -q -p wringer || exit 2
-    w="${CARGO_TARGET_DIR:-target}/release/wringer"
+    w=$(bash scripts/wringer-bin.sh) || exit 2
     $w run --hosts {{hosts}} {{args}} scenarios/torch-*.yaml
     first=$?
     [ $first = 2 ] && exit 2
@@ -109,8 +113,7 @@ setup-slurm: (apt "debootstrap" "openssh-client" "munge" "slurm-client")
 test-slurm hosts="hosts/slurm-containers.yaml" *args="": build-deps setup-slurm external
     #!/usr/bin/env bash
     set -uo pipefail
-    cargo build --release -q -p wringer || exit 2
-    w="${CARGO_TARGET_DIR:-target}/release/wringer"
+    w=$(bash scripts/wringer-bin.sh) || exit 2
     PATH="$PWD/target/external:$PATH" $w run --hosts {{hosts}} {{args}} \
         scenarios/tcp-xhost-*.yaml scenarios/gloo-xhost-*.yaml scenarios/tcp-peer-death.yaml scenarios/tcp-pingpong-8rank.yaml
     first=$?
@@ -143,36 +146,39 @@ rdma-blind-spot: build-deps setup-rxe
     audited=0; grep -q "wait under a lock" $out/with-bug/summary.md && audited=1
     if [ $with = 1 ] && [ $without = 0 ] && [ $audited = 1 ]; then echo "rdma-blind-spot: caught with the bug (the bound and the wait-for audit), passed without"; else echo "rdma-blind-spot: with the bug exit $with (want 1), without exit $without (want 0), wait-for audit finding $audited (want 1)"; exit 1; fi
 
-# The verbs audit against RDMA lifecycle bugs in the soft-RoCE VM: a broken C verbs program (harness/tests/fixtures/broken/verbs_teardown.c) is flagged and its correct twin is not; then three bugs switched into the transport (a bug-injection build) each make rdma-graceful-shutdown fail with the audit naming its invariant.
+# The verbs audit against RDMA lifecycle bugs in the soft-RoCE VM: a broken C verbs program (harness/tests/fixtures/broken/verbs_teardown.c) is flagged and its correct twin is not; and three bugs switched into the transport (a bug-injection build), one per copy of rdma-graceful-shutdown, each make it fail with the audit naming its invariant. One run, so the VM boots once.
 rdma-verbs-bugs: build-deps setup-rxe external
     #!/usr/bin/env bash
     set -uo pipefail
     out=reports/rdma-verbs-bugs
-    status=0
-    cargo build --release -q -p wringer || exit 2
-    target/release/wringer run --replays 0 --hosts hosts/rxe-vm.yaml --report-dir $out/fixture harness/tests/fixtures/exec/verbs-teardown-*.yaml
-    python3 - $out/fixture/results.json <<'PY' || status=1
+    rm -rf $out && mkdir -p $out/scenarios
+    just bug-injection-build || exit 2
+    pairs="destroy-with-receives-posted:qp-destroyed-with-outstanding-wrs dereg-under-posted-receive:mr-dereg-under-posted-wr buffers-to-pool-before-join:memory-reused-under-posted-wr"
+    bugs=""
+    for pair in $pairs; do
+        bug=${pair%%:*}
+        sed "s/^name: rdma-graceful-shutdown$/name: rdma-graceful-shutdown-$bug/" scenarios/rdma-graceful-shutdown.yaml > $out/scenarios/rdma-graceful-shutdown-$bug.yaml
+        bugs="$bugs${bugs:+,}rdma-graceful-shutdown-$bug:$bug"
+    done
+    WRINGER_TRANSPORT_BUG=$bugs target/bug-injection/release/wringer run --replays 0 --hosts hosts/rxe-vm.yaml --report-dir $out/run \
+        harness/tests/fixtures/exec/verbs-teardown-*.yaml $out/scenarios/*.yaml
+    [ $? = 2 ] && exit 2
+    python3 - $out/run/results.json $pairs <<'PY'
     import json, sys
     got = {s["name"]: s for s in json.load(open(sys.argv[1]))["scenarios"]}
+    ok = True
     broken, correct = got["verbs-teardown-broken"], got["verbs-teardown-correct"]
-    text = json.dumps(broken["evidence"])
-    ok = broken["verdict"] == "fail" and "verbs: mr-dereg-under-posted-wr" in text and correct["verdict"] == "pass"
-    print(f"rdma-verbs-bugs: the C fixture is {broken['verdict']}, its correct twin {correct['verdict']}" + ("" if ok else " (want fail naming mr-dereg-under-posted-wr, and pass)"))
+    fixture = broken["verdict"] == "fail" and "verbs: mr-dereg-under-posted-wr" in json.dumps(broken["evidence"]) and correct["verdict"] == "pass"
+    print(f"rdma-verbs-bugs: the C fixture is {broken['verdict']}, its correct twin {correct['verdict']}" + ("" if fixture else " (want fail naming mr-dereg-under-posted-wr, and pass)"))
+    ok &= fixture
+    for pair in sys.argv[2:]:
+        bug, check = pair.split(":")
+        s = got[f"rdma-graceful-shutdown-{bug}"]
+        caught = s["verdict"] == "fail" and f"verbs: {check}" in json.dumps(s)
+        print(f"rdma-verbs-bugs: {bug} " + (f"caught as {check}" if caught else f"was not caught as {check} (verdict {s['verdict']}, want fail)"))
+        ok &= caught
     sys.exit(0 if ok else 1)
     PY
-    just bug-injection-build || exit 2
-    w=target/bug-injection/release/wringer
-    for pair in destroy-with-receives-posted:qp-destroyed-with-outstanding-wrs dereg-under-posted-receive:mr-dereg-under-posted-wr buffers-to-pool-before-join:memory-reused-under-posted-wr; do
-        bug=${pair%%:*}; check=${pair#*:}
-        WRINGER_TRANSPORT_BUG=$bug $w run --replays 0 --hosts hosts/rxe-vm.yaml --report-dir $out/$bug scenarios/rdma-graceful-shutdown.yaml
-        code=$?
-        if [ $code = 1 ] && grep -q "verbs: $check" $out/$bug/results.json; then
-            echo "rdma-verbs-bugs: $bug caught as $check"
-        else
-            echo "rdma-verbs-bugs: $bug was not caught as $check (exit $code, want 1)"; status=1
-        fi
-    done
-    exit $status
 
 # The RDMA scenarios. Default: inside a soft-RoCE VM (hosts/rxe-vm.yaml); on a host with RDMA, pass a profile that has it.
 test-rdma hosts="hosts/rxe-vm.yaml" *args="": build-deps
@@ -184,7 +190,8 @@ test-xhost hosts="hosts/containers.yaml" *args="": build-deps (apt "openssh-clie
     #!/usr/bin/env bash
     set -uo pipefail
     if grep -q '^kind: containers' {{hosts}}; then just setup-containers || exit 1; fi
-    cargo run --release -q -p wringer --bin wringer -- run --hosts {{hosts}} --filter xhost {{args}}
+    w=$(bash scripts/wringer-bin.sh) || exit 2
+    "$w" run --hosts {{hosts}} --filter xhost {{args}}
 
 # Our transport and coordinator against sockperf and iperf3, alternating in rounds (median ratio with its spread in reports/bench/; --quick for CI), then the criterion benches.
 bench *args="": build-deps (apt "sockperf" "iperf3")
@@ -270,6 +277,8 @@ bug-injection-build:
     cargo build --release -q -p wringer --features wringer/bug-injection
     mkdir -p target/bug-injection/release
     cp target/release/wringer target/bug-injection/release/wringer
+    # Where a build tree's binary finds the exec steps' programs (`just external`): beside it.
+    ln -sfn ../external target/bug-injection/external
     cargo build --release -q -p wringer
 
 # What the build needs beyond Rust: the RDMA binding (sideway) builds a small rdma-core shim with cmake and bindgen (libclang).

@@ -267,6 +267,7 @@ pub fn startup_once(
     })];
     let never = AtomicBool::new(false);
     let plan = Plan {
+        scenario: "bench-launch",
         audit: &[],
         perturb: &[],
         backend: crate::model::scenario::AuditBackend::Strace,

@@ -1,6 +1,6 @@
 //! Container test hosts: N containers from the locally built image on two private Docker
 //! networks made for this run (control: SSH and the rendezvous; data: rank-to-rank traffic),
-//! started with testcontainers and reached over SSH exactly like real hosts. Host-level faults
+//! started with the `docker` CLI and reached over SSH exactly like real hosts. Host-level faults
 //! act on them: kill, freeze (pause), cut the data link, rate-limit it (tc tbf).
 
 use std::net::IpAddr;
@@ -9,15 +9,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use testcontainers::core::{AccessMode, Mount, WaitFor};
-use testcontainers::runners::SyncRunner;
-use testcontainers::{Container, GenericImage, ImageExt};
 
 use crate::hosts::ssh::SshTarget;
 
 pub struct ContainerHost {
     pub name: String,
-    pub container: Container<GenericImage>,
     /// On the control network (SSH, rendezvous).
     pub ctl_ip: IpAddr,
     /// On the data network (what ranks advertise to each other).
@@ -69,6 +65,36 @@ pub fn docker(args: &[&str], limit: Duration) -> Result<String> {
 
 const T: Duration = Duration::from_secs(60);
 
+/// How long a new container's sshd may take to listen.
+const STARTUP: Duration = Duration::from_secs(60);
+
+/// Wait until the container's sshd says it listens (its log), within `STARTUP`; a container
+/// that exits or never says so is an error carrying the log's tail.
+fn wait_listening(name: &str) -> Result<()> {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        // sshd -e logs to stderr; `docker logs` replays the container's stderr on its own.
+        let out = Command::new("docker")
+            .args(["logs", name])
+            .stdin(Stdio::null())
+            .output()
+            .context("running docker logs")?;
+        let log = String::from_utf8_lossy(&out.stderr);
+        if log.contains("Server listening") {
+            return Ok(());
+        }
+        let state = docker(&["inspect", "-f", "{{.State.Status}}", name], T)?;
+        let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+        if state != "running" {
+            bail!("container {name} is {state} before its sshd listened (log: {tail})");
+        }
+        if Instant::now() > deadline {
+            bail!("container {name}: its sshd did not listen within {STARTUP:?} (log: {tail})");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 impl ContainerHosts {
     /// Start `count` hosts; each folder of `shares` (absolute) is bind-mounted read-only at
     /// the same path in every one (the torch releases a run uses, so a venv's paths hold there).
@@ -78,7 +104,6 @@ impl ContainerHosts {
         run_id: &str,
         shares: &[PathBuf],
     ) -> Result<ContainerHosts> {
-        let (repo, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
         if docker(&["image", "inspect", image], T).is_err() {
             bail!("the image {image} is not built here: run `just setup-containers` (there is no registry to pull from)");
         }
@@ -127,40 +152,48 @@ impl ContainerHosts {
         hosts.gateway = IpAddr::from([ctl[0], ctl[1], ctl[2], 1]);
         for i in 0..count {
             let name = format!("wringer-{run_id}-h{i}");
-            let mut request = GenericImage::new(repo, tag)
-                .with_wait_for(WaitFor::message_on_stderr("Server listening"))
-                .with_container_name(name.clone())
-                .with_hostname(format!("h{i}"))
-                .with_env_var("WRINGER_AUTHORIZED_KEY", public.clone())
-                .with_label("wringer.pid", std::process::id().to_string())
-                .with_cap_add("NET_ADMIN")
-                .with_startup_timeout(Duration::from_secs(60));
-            for share in shares {
-                let at = share.display().to_string();
-                request = request.with_mount(
-                    Mount::bind_mount(at.clone(), at).with_access_mode(AccessMode::ReadOnly),
-                );
-            }
-            let container = request
-                .start()
-                .with_context(|| format!("starting container {name}"))?;
-            // Fixed addresses on our two networks (kept across a restart), and off the default
-            // bridge, so the host can reach nothing else.
+            // Fixed addresses on our two networks (kept across a restart). The container
+            // starts on the control network, never on Docker's default bridge, so the host
+            // can reach nothing else.
             let (ctl_ip, data_ip) = (
                 IpAddr::from([ctl[0], ctl[1], ctl[2], 10 + i as u8]),
                 IpAddr::from([data[0], data[1], data[2], 10 + i as u8]),
             );
-            docker(
-                &[
-                    "network",
-                    "connect",
-                    "--ip",
-                    &ctl_ip.to_string(),
-                    &ctl_net,
-                    &name,
-                ],
-                T,
-            )?;
+            let (hostname, key_env, ip) = (
+                format!("h{i}"),
+                format!("WRINGER_AUTHORIZED_KEY={public}"),
+                ctl_ip.to_string(),
+            );
+            let mounts: Vec<String> = shares
+                .iter()
+                .map(|s| format!("{0}:{0}:ro", s.display()))
+                .collect();
+            let mut args = vec!["run", "--detach"];
+            let options = [
+                ("--name", name.as_str()),
+                ("--hostname", &hostname),
+                ("--env", &key_env),
+                ("--label", &owner),
+                ("--cap-add", "NET_ADMIN"),
+                ("--network", &ctl_net),
+                ("--ip", &ip),
+            ];
+            for (option, value) in options {
+                args.extend([option, value]);
+            }
+            for m in &mounts {
+                args.extend(["--volume", m]);
+            }
+            args.push(image);
+            let started = docker(&args, T);
+            // Dropping the hosts removes it, even when it failed to come up.
+            hosts.hosts.push(ContainerHost {
+                name: name.clone(),
+                ctl_ip,
+                data_ip,
+            });
+            started.with_context(|| format!("starting container {name}"))?;
+            wait_listening(&name)?;
             docker(
                 &[
                     "network",
@@ -172,13 +205,6 @@ impl ContainerHosts {
                 ],
                 T,
             )?;
-            docker(&["network", "disconnect", "bridge", &name], T)?;
-            hosts.hosts.push(ContainerHost {
-                name,
-                container,
-                ctl_ip,
-                data_ip,
-            });
         }
         Ok(hosts)
     }
@@ -320,12 +346,9 @@ impl ContainerHosts {
 
 impl Drop for ContainerHosts {
     fn drop(&mut self) {
-        // Containers first (testcontainers removes them when dropped; `rm -f` catches any it
-        // could not), then our networks.
-        let names: Vec<String> = self.hosts.iter().map(|h| h.name.clone()).collect();
-        self.hosts.clear();
-        for name in names {
-            let _ = docker(&["rm", "-f", &name], T);
+        // Containers first, then our networks.
+        for h in self.hosts.drain(..) {
+            let _ = docker(&["rm", "-f", &h.name], T);
         }
         for net in [&self.ctl_net, &self.data_net] {
             let _ = docker(&["network", "rm", net], T);

@@ -125,7 +125,9 @@ pub struct RankGroup {
 }
 
 impl RankGroup {
-    /// Start `ranks` ranks, logs in `log_dir/rank-N.log`.
+    /// Start `ranks` ranks, logs in `log_dir/rank-N.log`; `transport_bug` (a `bug-injection`
+    /// build's tests only, see [`transport_bug`]) is switched on in every rank.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         ranks: u32,
         rendezvous: SocketAddr,
@@ -134,6 +136,7 @@ impl RankGroup {
         placement: &Placement,
         tracing: Option<&Tracing>,
         limits: StepLimits,
+        transport_bug: Option<&str>,
     ) -> Result<RankGroup> {
         std::fs::create_dir_all(log_dir)?;
         let mut group = RankGroup {
@@ -222,6 +225,11 @@ impl RankGroup {
                         log.push(group.perturb_log_prefix(rank));
                         c.arg(format!("--perturb-rules={rules}")).arg(log);
                     }
+                    // The resolved bug, never the run's list of them (which no rank reads).
+                    match transport_bug {
+                        Some(b) => c.env(TRANSPORT_BUG_ENV, b),
+                        None => c.env_remove(TRANSPORT_BUG_ENV),
+                    };
                     c.env(TOKEN_ENV, token).stdin(Stdio::null());
                     c
                 }
@@ -229,8 +237,8 @@ impl RankGroup {
                     let h = &placement.hosts()[placement.host_of(rank)];
                     // Tests switch a transport bug on (a `bug-injection` build only); remote
                     // ranks need it too.
-                    let mut words: Vec<String> = transport_bug()
-                        .map(|b| vec!["env".into(), format!("WRINGER_TRANSPORT_BUG={b}")])
+                    let mut words: Vec<String> = transport_bug
+                        .map(|b| vec!["env".into(), format!("{TRANSPORT_BUG_ENV}={b}")])
                         .unwrap_or_default();
                     words.extend(match tracing.filter(|t| t.syscalls()) {
                         Some(t) => t.command(&h.exe, Path::new(&group.remote_trace(rank))),
@@ -676,10 +684,54 @@ impl Drop for RankGroup {
     }
 }
 
-/// The transport bug a `bug-injection` build's tests switch on, when set (lower-case words and
-/// dashes only: it goes on a remote command line).
-fn transport_bug() -> Option<String> {
-    std::env::var("WRINGER_TRANSPORT_BUG")
-        .ok()
-        .filter(|b| !b.is_empty() && b.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+const TRANSPORT_BUG_ENV: &str = "WRINGER_TRANSPORT_BUG";
+
+/// The transport bug a `bug-injection` build's tests switch on in the ranks of `scenario`, from
+/// `WRINGER_TRANSPORT_BUG`: one bug for every scenario (`late-timer`), or one per scenario
+/// (`name:bug,name:bug`; a scenario not named gets none), so that one run (one VM boot) can try
+/// several bugs. Only lower-case words, digits and dashes are taken: the bug goes on a remote
+/// command line.
+pub fn transport_bug(scenario: &str) -> Option<String> {
+    bug_for(&std::env::var(TRANSPORT_BUG_ENV).ok()?, scenario)
+}
+
+fn bug_for(spec: &str, scenario: &str) -> Option<String> {
+    let word = |w: &str| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    let bug = if spec.contains(':') {
+        spec.split(',')
+            .filter_map(|pair| pair.split_once(':'))
+            .find(|(name, _)| name.trim() == scenario)
+            .map(|(_, bug)| bug.trim())?
+    } else {
+        spec.trim()
+    };
+    word(bug).then(|| bug.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bug_for;
+
+    #[test]
+    fn one_bug_goes_to_every_scenario_and_a_list_names_each_scenarios_own() {
+        assert_eq!(bug_for("late-timer", "any").as_deref(), Some("late-timer"));
+        let list = "shutdown-a:destroy-with-receives-posted, shutdown-b:dereg-under-posted-receive";
+        assert_eq!(
+            bug_for(list, "shutdown-b").as_deref(),
+            Some("dereg-under-posted-receive")
+        );
+        assert_eq!(
+            bug_for(list, "shutdown-a").as_deref(),
+            Some("destroy-with-receives-posted")
+        );
+        assert_eq!(bug_for(list, "shutdown"), None);
+        assert_eq!(bug_for("", "any"), None);
+        // Nothing that a remote shell would read as more than one word.
+        assert_eq!(bug_for("late-timer; reboot", "any"), None);
+        assert_eq!(bug_for("a:b c", "a"), None);
+    }
 }

@@ -106,6 +106,9 @@ impl Attempt {
 }
 
 pub struct Plan<'a> {
+    /// The scenario's name (it picks a `bug-injection` build's transport bug, when a test
+    /// switched one on per scenario).
+    pub scenario: &'a str,
     /// The lifecycle audit's checks and perturbations; ranks run under strace when either
     /// is non-empty.
     pub audit: &'a [AuditCheck],
@@ -179,6 +182,7 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
             deadline: plan.deadline,
             faults: !plan.faults.is_empty(),
         },
+        crate::orchestration::launcher::transport_bug(plan.scenario).as_deref(),
     )?;
     let cfg = Config {
         ranks: plan.ranks,

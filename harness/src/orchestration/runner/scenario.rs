@@ -100,6 +100,7 @@ pub(super) fn run_scenario(
     let run_attempt = |repeat: u32, folder: String| {
         let log_dir = cx.dir.join("logs").join(&s.name).join(folder);
         let plan = Plan {
+            scenario: &s.name,
             audit: &audit,
             perturb: &perturb,
             backend: recorder.backend,
