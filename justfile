@@ -65,13 +65,16 @@ external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++" "libibverbs-dev")
     [ $x/wringer-gloo -nt external/gloo/wringer_gloo.cc ] || { g++ -O2 -std=c++17 -Wall -Wextra -Werror -o $x/wringer-gloo.$$ external/gloo/wringer_gloo.cc -lgloo -pthread && mv -f $x/wringer-gloo.$$ $x/wringer-gloo; }
     [ $x/verbs_teardown -nt harness/tests/fixtures/broken/verbs_teardown.c ] || { gcc -O2 -Wall -Wextra -Werror -o $x/verbs_teardown.$$ harness/tests/fixtures/broken/verbs_teardown.c -libverbs && mv -f $x/verbs_teardown.$$ $x/verbs_teardown; }
 
-# The torch releases the torch scenarios run against, each in a venv under target/torch/: the newest, and the oldest whose ProcessGroupGloo honours TORCH_GLOO_LAZY_INIT (2.8.0; 2.7.1 and older do not have it). Also your own builds: `just external-torch path/to/torch-*.whl`. Idempotent: installs only the missing ones. Installs wringer-torch (the driver, external/torch) into target/external.
+# The torch releases the torch scenarios run against, each in a venv under target/torch/: the newest, and the oldest whose ProcessGroupGloo honours TORCH_GLOO_LAZY_INIT (2.8.0; 2.7.1 and older do not have it). Also your own builds: `just external-torch path/to/torch-*.whl`. Idempotent: installs only the missing ones, and none when WRINGER_TORCH names venvs to run instead. Installs wringer-torch (the driver, external/torch) into target/external.
 external-torch *wheels="": (apt "python3-venv")
     #!/usr/bin/env bash
     set -euo pipefail
     mkdir -p target/external target/torch
     install -m 755 external/torch/wringer_torch.py target/external/wringer-torch
-    for v in {{torch_releases}}; do bash scripts/torch-venv.sh "target/torch/$v" "torch==$v"; done
+    # WRINGER_TORCH names the venvs to run instead: then none is installed.
+    if [ -z "${WRINGER_TORCH:-}" ]; then
+        for v in {{torch_releases}}; do bash scripts/torch-venv.sh "target/torch/$v" "torch==$v"; done
+    fi
     for w in {{wheels}}; do
         v=$(basename "$w" | cut -d- -f2 | cut -d+ -f1)
         bash scripts/torch-venv.sh "target/torch/$v" "$(realpath "$w")"
@@ -79,7 +82,7 @@ external-torch *wheels="": (apt "python3-venv")
 
 torch_releases := "2.8.0 2.15.0"
 
-# The torch scenarios (PyTorch's own Gloo: allreduce, #520's rank that leaves before a lazy subgroup's first collective, peer death and freeze, a lazy connect left half done), once per installed release, on loopback; then their cross-host variants on the container hosts (host kill and link cut in a lazy subgroup's first collective). WRINGER_TORCH=venv[:venv...] runs your own torch builds instead.
+# The torch scenarios (PyTorch's own Gloo: allreduce, #520's rank that leaves before a lazy subgroup's first collective, peer death and freeze, a lazy connect left half done), once per installed release, on loopback; then their cross-host variants on the container hosts (host kill and link cut in a lazy subgroup's first collective). WRINGER_TORCH=venv[:venv...] runs your own torch builds instead (and installs none).
 test-torch hosts="hosts/local.yaml" *args="": build-deps external-torch
     #!/usr/bin/env bash
     set -uo pipefail
@@ -92,9 +95,9 @@ test-torch hosts="hosts/local.yaml" *args="": build-deps external-torch
         just setup-containers || exit 1
         $w run --hosts hosts/containers.yaml --filter xhost {{args}} scenarios/torch-*.yaml
         second=$?
-        # A torch allreduce (2 ranks, the newest release) among the real programs the audit must
-        # pass clean, with each recorder (docs/audit.md).
-        v="$PWD/target/torch/$(ls target/torch | sort -V | tail -1)"
+        # A torch allreduce (2 ranks, the newest release, or the last venv WRINGER_TORCH names)
+        # among the real programs the audit must pass clean, with each recorder (docs/audit.md).
+        if [ -n "${WRINGER_TORCH:-}" ]; then v=$(realpath "${WRINGER_TORCH##*:}"); else v="$PWD/target/torch/$(ls target/torch | sort -V | tail -1)"; fi
         for b in ebpf strace; do
             WRINGER_TORCH_VENV="$v" PATH="$PWD/target/external:$PATH" $w audit --audit-backend $b --ranks 2 --deadline 300s --report-dir reports/torch-audit-$b -- wringer-torch --rank {rank} --size 2 --store {dir} --iface lo --timeout-ms 60000 --rounds 5 --sizes 64,65536 || second=1
         done
