@@ -60,10 +60,15 @@ external: (apt "libgloo-dev" "libfabric-bin" "ucx-utils" "g++" "libibverbs-dev")
     set -euo pipefail
     # Each program is built only when its source is newer, and renamed into place whole, so a
     # stage running beside this one never starts a half-written binary.
-    x=target/external
-    mkdir -p $x
-    [ $x/wringer-gloo -nt external/gloo/wringer_gloo.cc ] || { g++ -O2 -std=c++17 -Wall -Wextra -Werror -o $x/wringer-gloo.$$ external/gloo/wringer_gloo.cc -lgloo -pthread && mv -f $x/wringer-gloo.$$ $x/wringer-gloo; }
-    [ $x/verbs_teardown -nt harness/tests/fixtures/broken/verbs_teardown.c ] || { gcc -O2 -Wall -Wextra -Werror -o $x/verbs_teardown.$$ harness/tests/fixtures/broken/verbs_teardown.c -libverbs && mv -f $x/verbs_teardown.$$ $x/verbs_teardown; }
+    build() { # NAME SOURCE COMPILER [FLAGS AND LIBRARIES, after the source]
+        local out=target/external/$1 src=$2 cc=$3
+        shift 3
+        [ "$out" -nt "$src" ] && return 0
+        $cc -O2 -Wall -Wextra -Werror -o "$out.$$" "$src" "$@" && mv -f "$out.$$" "$out"
+    }
+    mkdir -p target/external
+    build wringer-gloo external/gloo/wringer_gloo.cc g++ -std=c++17 -lgloo -pthread
+    build verbs_teardown harness/tests/fixtures/broken/verbs_teardown.c gcc -libverbs
 
 # The torch releases the torch scenarios run against, each in a venv under target/torch/: the newest, and the oldest whose ProcessGroupGloo honours TORCH_GLOO_LAZY_INIT (2.8.0; 2.7.1 and older do not have it). Also your own builds: `just external-torch path/to/torch-*.whl`. Idempotent: installs only the missing ones, and none when WRINGER_TORCH names venvs to run instead. Installs wringer-torch (the driver, external/torch) into target/external.
 external-torch *wheels="": (apt "python3-venv")

@@ -74,11 +74,12 @@ fn wait_listening(name: &str) -> Result<()> {
     let deadline = Instant::now() + STARTUP;
     loop {
         // sshd -e logs to stderr; `docker logs` replays the container's stderr on its own.
-        let out = Command::new("docker")
-            .args(["logs", name])
-            .stdin(Stdio::null())
-            .output()
-            .context("running docker logs")?;
+        let out = crate::hosts::child::output_within(
+            Command::new("docker").args(["logs", name]),
+            None,
+            T,
+        )
+        .context("running docker logs")?;
         let log = String::from_utf8_lossy(&out.stderr);
         if log.contains("Server listening") {
             return Ok(());

@@ -125,9 +125,7 @@ pub struct RankGroup {
 }
 
 impl RankGroup {
-    /// Start `ranks` ranks, logs in `log_dir/rank-N.log`; `transport_bug` (a `bug-injection`
-    /// build's tests only, see [`transport_bug`]) is switched on in every rank.
-    #[allow(clippy::too_many_arguments)]
+    /// Start `ranks` ranks, logs in `log_dir/rank-N.log`.
     pub fn start(
         ranks: u32,
         rendezvous: SocketAddr,
@@ -136,8 +134,8 @@ impl RankGroup {
         placement: &Placement,
         tracing: Option<&Tracing>,
         limits: StepLimits,
-        transport_bug: Option<&str>,
     ) -> Result<RankGroup> {
+        let transport_bug = limits.transport_bug.clone();
         std::fs::create_dir_all(log_dir)?;
         let mut group = RankGroup {
             procs: vec![],
@@ -226,7 +224,7 @@ impl RankGroup {
                         c.arg(format!("--perturb-rules={rules}")).arg(log);
                     }
                     // The resolved bug, never the run's list of them (which no rank reads).
-                    match transport_bug {
+                    match &transport_bug {
                         Some(b) => c.env(TRANSPORT_BUG_ENV, b),
                         None => c.env_remove(TRANSPORT_BUG_ENV),
                     };
@@ -238,6 +236,7 @@ impl RankGroup {
                     // Tests switch a transport bug on (a `bug-injection` build only); remote
                     // ranks need it too.
                     let mut words: Vec<String> = transport_bug
+                        .as_ref()
                         .map(|b| vec!["env".into(), format!("{TRANSPORT_BUG_ENV}={b}")])
                         .unwrap_or_default();
                     words.extend(match tracing.filter(|t| t.syscalls()) {
@@ -684,7 +683,7 @@ impl Drop for RankGroup {
     }
 }
 
-const TRANSPORT_BUG_ENV: &str = "WRINGER_TRANSPORT_BUG";
+pub(crate) const TRANSPORT_BUG_ENV: &str = "WRINGER_TRANSPORT_BUG";
 
 /// The transport bug a `bug-injection` build's tests switch on in the ranks of `scenario`, from
 /// `WRINGER_TRANSPORT_BUG`: one bug for every scenario (`late-timer`), or one per scenario

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::hosts::slurm::{BindRule, Slurm, EXIT_MARKER};
+use crate::orchestration::launcher::TRANSPORT_BUG_ENV;
 
 /// How long the step may take to leave the scheduler's table once cancelled.
 pub const GONE_WITHIN: Duration = Duration::from_secs(5);
@@ -31,6 +32,9 @@ pub struct StepLimits {
     pub deadline: Duration,
     /// Faults strike ranks or hosts: a rank's bad exit must not end the others.
     pub faults: bool,
+    /// The transport bug a `bug-injection` build's tests switch on in every rank (see
+    /// [`crate::orchestration::launcher::transport_bug`]).
+    pub transport_bug: Option<String>,
 }
 
 pub struct SlurmStep {
@@ -67,6 +71,11 @@ impl SlurmStep {
         slurm.ensure_standing()?;
         let name = format!("{}-{}", slurm.run_name, rendezvous.port());
         let mut cmd = slurm.client("srun");
+        // srun hands its environment to the tasks: the resolved bug, never the run's list.
+        match &limits.transport_bug {
+            Some(b) => cmd.env(TRANSPORT_BUG_ENV, b),
+            None => cmd.env_remove(TRANSPORT_BUG_ENV),
+        };
         cmd.arg(format!("--jobid={}", slurm.job()))
             .arg(format!("--job-name={name}"))
             .arg(format!("--nodes={nodes}"))

@@ -181,8 +181,8 @@ fn run_inner(plan: &Plan, attempt: &mut Attempt) -> Result<()> {
         StepLimits {
             deadline: plan.deadline,
             faults: !plan.faults.is_empty(),
+            transport_bug: crate::orchestration::launcher::transport_bug(plan.scenario),
         },
-        crate::orchestration::launcher::transport_bug(plan.scenario).as_deref(),
     )?;
     let cfg = Config {
         ranks: plan.ranks,
