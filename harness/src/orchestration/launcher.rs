@@ -27,7 +27,7 @@ use crate::model::scenario::{AuditBackend, AuditCheck, Perturb};
 use crate::orchestration::audit;
 use crate::orchestration::slurm_step::SlurmStep;
 pub use crate::orchestration::slurm_step::StepLimits;
-use crate::rank::protocol::TOKEN_ENV;
+use crate::rank::protocol::{TOKEN_ENV, TRANSPORT_BUG_ENV};
 
 /// How long every thread of a rank sent SIGSTOP may take to stop: each takes the signal when it
 /// next runs, which on a loaded machine can be a scheduler tick or a few away.
@@ -682,8 +682,6 @@ impl Drop for RankGroup {
         }
     }
 }
-
-pub(crate) const TRANSPORT_BUG_ENV: &str = "WRINGER_TRANSPORT_BUG";
 
 /// The transport bug a `bug-injection` build's tests switch on in the ranks of `scenario`, from
 /// `WRINGER_TRANSPORT_BUG`: one bug for every scenario (`late-timer`), or one per scenario

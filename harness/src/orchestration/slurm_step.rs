@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::hosts::slurm::{BindRule, Slurm, EXIT_MARKER};
-use crate::orchestration::launcher::TRANSPORT_BUG_ENV;
+use crate::rank::protocol::TRANSPORT_BUG_ENV;
 
 /// How long the step may take to leave the scheduler's table once cancelled.
 pub const GONE_WITHIN: Duration = Duration::from_secs(5);

@@ -14,6 +14,9 @@ use crate::model::metric::{Metric, SampleKey, Series};
 /// every user of the machine could read it).
 pub const TOKEN_ENV: &str = "WRINGER_RUN_TOKEN";
 
+/// The transport bug a `bug-injection` build switches on in a rank (tests only).
+pub const TRANSPORT_BUG_ENV: &str = "WRINGER_TRANSPORT_BUG";
+
 /// Where a rank can be reached.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PeerAddrs {
