@@ -102,13 +102,55 @@ impl StepKind for Pingpong {
 struct Exchanged {
     samples: BTreeMap<u32, Vec<f64>>,
     messages: u32,
-    mismatches: u32,
+    mismatches: Mismatches,
+}
+
+/// The checks that failed: how many, and the first few of them named (way, size, iteration),
+/// for the step's notes, so a count above zero comes with where it came from.
+#[derive(Default)]
+struct Mismatches {
+    count: u32,
+    named: Vec<String>,
+}
+
+impl Mismatches {
+    /// Notes kept; the count goes on past them.
+    const NAMED: usize = 5;
+
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.count += 1;
+            if self.named.len() < Self::NAMED {
+                self.named.push(what());
+            }
+        }
+    }
+
+    fn add(&mut self, other: Mismatches) {
+        self.count += other.count;
+        let room = Self::NAMED.saturating_sub(self.named.len());
+        self.named.extend(other.named.into_iter().take(room));
+    }
+
+    fn into_report(self, metric: Metric, report: &mut StepReport) {
+        report.metrics.insert(metric, self.count as f64);
+        let shown = self.named.len() as u32;
+        report
+            .notes
+            .extend(self.named.into_iter().map(|n| format!("mismatch: {n}")));
+        if self.count > shown {
+            report
+                .notes
+                .push(format!("mismatch: {} more not named", self.count - shown));
+        }
+    }
 }
 
 /// Ping-pong every size `iterations` times over one link; the pinger times each round trip,
 /// the other side echoes what it got. `tag` names each message's pattern.
 fn ping_pong(
     link: &mut dyn Link,
+    way: &str,
     pinger: bool,
     p: &Pingpong,
     seed: u64,
@@ -127,10 +169,14 @@ fn ping_pong(
                     .entry(size)
                     .or_default()
                     .push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
-                out.mismatches += (back != expected) as u32;
+                out.mismatches.check(back == expected, || {
+                    format!("{way}, {size} B, iteration {it}: the echo came back other than sent")
+                });
             } else {
                 let got = link.recv(deadline)?;
-                out.mismatches += (got != expected) as u32;
+                out.mismatches.check(got == expected, || {
+                    format!("{way}, {size} B, iteration {it}: received other than sent")
+                });
                 link.send(&got, deadline)?;
             }
             out.messages += 1;
@@ -146,27 +192,28 @@ fn tcp_mesh(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepRepor
     // Faults that shape the data phase (a rate limit) strike here, before any data moves.
     ctx.control.point_and_wait(step, MESH_READY, deadline)?;
     let mut samples: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-    let (mut pairs_verified, mut mismatches) = (0u32, 0u32);
+    let (mut pairs_verified, mut mismatches) = (0u32, Mismatches::default());
     for partner in schedule(ctx.rank, ctx.ranks) {
         let Some(partner) = partner else { continue };
         let conn = conns
             .get_mut(&partner)
             .context("no connection to a partner")?;
         let (low, high) = (ctx.rank.min(partner) as u64, ctx.rank.max(partner) as u64);
-        let seen = ping_pong(conn, ctx.rank < partner, p, ctx.seed, |size, it| {
+        let way = format!("with rank {partner}");
+        let seen = ping_pong(conn, &way, ctx.rank < partner, p, ctx.seed, |size, it| {
             low << 48 | high << 32 | (size as u64) << 8 | it as u64
         })?;
         for (size, v) in seen.samples {
             samples.entry(size).or_default().extend(v);
         }
-        mismatches += seen.mismatches;
-        pairs_verified += (seen.mismatches == 0) as u32;
+        pairs_verified += (seen.mismatches.count == 0) as u32;
+        mismatches.add(seen.mismatches);
     }
     for c in conns.values() {
         c.close()?;
     }
     report.metrics.insert(PAIRS_VERIFIED, pairs_verified as f64);
-    report.metrics.insert(DATA_MISMATCHES, mismatches as f64);
+    mismatches.into_report(DATA_MISMATCHES, report);
     for (size, v) in samples {
         report.sample(Series::Latency, size as u64, v);
     }
@@ -182,26 +229,18 @@ fn rdma_pair(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepRepo
     let deadline = p.deadline.0;
     let max = p.sizes.iter().copied().max().unwrap_or(64);
     let mut c = pair(ctx, step, max, deadline)?;
-    let sent = ping_pong(&mut c, ctx.rank == 1, p, ctx.seed, |size, it| {
+    let sent = ping_pong(&mut c, "SEND", ctx.rank == 1, p, ctx.seed, |size, it| {
         (size as u64) << 20 | it as u64
     })?;
     for (size, v) in sent.samples {
         report.sample(Series::Latency, size as u64, v);
     }
     let (mut messages, mut mismatches) = (sent.messages, sent.mismatches);
-    let (m, bad) = write_pingpong(ctx, &mut c, p, report)?;
-    messages += m;
-    mismatches += bad;
-    let (m, bad) = region_pingpong(ctx, &mut c, &p.sizes, p.iterations, deadline, report)?;
-    messages += m;
-    mismatches += bad;
-    let (m, bad) = in_place_pingpong(ctx, &mut c, &p.sizes, p.iterations, deadline, report)?;
-    messages += m;
-    mismatches += bad;
+    messages += write_pingpong(ctx, &mut c, p, &mut mismatches, report)?;
+    messages += region_pingpong(ctx, &mut c, p, &mut mismatches, report)?;
+    messages += in_place_pingpong(ctx, &mut c, p, &mut mismatches, report)?;
     report.metrics.insert(RDMA_MESSAGES, messages as f64);
-    report
-        .metrics
-        .insert(RDMA_DATA_MISMATCHES, mismatches as f64);
+    mismatches.into_report(RDMA_DATA_MISMATCHES, report);
     counts_into(&c, report);
     ctx.pair_barrier(step, "done", deadline)?;
     Ok(())
@@ -212,10 +251,11 @@ fn write_pingpong(
     ctx: &RankContext,
     c: &mut RcConnection,
     p: &Pingpong,
+    mismatches: &mut Mismatches,
     report: &mut StepReport,
-) -> Result<(u32, u32)> {
+) -> Result<u32> {
     let deadline = p.deadline.0;
-    let (mut messages, mut mismatches) = (0, 0);
+    let mut messages = 0;
     for &size in &p.sizes {
         let mut samples = vec![];
         for it in 0..p.iterations {
@@ -230,10 +270,20 @@ fn write_pingpong(
                 c.write_imm(&expected, it, deadline)?;
                 let back = c.recv(deadline)?;
                 samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
-                mismatches += !written(&back) as u32;
+                mismatches.check(written(&back), || {
+                    format!(
+                        "WRITE with immediate, {size} B, iteration {it}: the echo came back as {}",
+                        brief(&back)
+                    )
+                });
             } else {
                 let got = c.recv(deadline)?;
-                mismatches += !written(&got) as u32;
+                mismatches.check(written(&got), || {
+                    format!(
+                        "WRITE with immediate, {size} B, iteration {it}: received {}",
+                        brief(&got)
+                    )
+                });
                 c.write_imm(&expected, it, deadline)?;
             }
             messages += 1;
@@ -242,7 +292,7 @@ fn write_pingpong(
             report.sample(Series::WriteLatency, size as u64, samples);
         }
     }
-    Ok((messages, mismatches))
+    Ok(messages)
 }
 
 /// Ping-pong by RDMA WRITE between memory the step owns and registered itself (the path GPU
@@ -250,11 +300,11 @@ fn write_pingpong(
 fn region_pingpong(
     ctx: &RankContext,
     c: &mut RcConnection,
-    sizes: &[u32],
-    iterations: u32,
-    deadline: Duration,
+    p: &Pingpong,
+    mismatches: &mut Mismatches,
     report: &mut StepReport,
-) -> Result<(u32, u32)> {
+) -> Result<u32> {
+    let (sizes, iterations, deadline) = (&p.sizes, p.iterations, p.deadline.0);
     let max = sizes.iter().copied().max().unwrap_or(64) as usize;
     // Each side writes from its first half into the peer's second half; every message has its
     // own pattern, so stale bytes from an earlier one never pass for a new one.
@@ -267,7 +317,7 @@ fn region_pingpong(
         Received::Message(m) => RemoteRegion::from_bytes(&m).context("region advert")?,
         other => bail!("expected the peer's region advert, got {other:?}"),
     };
-    let (mut messages, mut mismatches) = (0, 0);
+    let mut messages = 0;
     for &size in sizes {
         let size = size as usize;
         let mut samples = vec![];
@@ -280,9 +330,18 @@ fn region_pingpong(
             }
             let got = c.recv(deadline)?;
             // The bytes landed before the WRITE_WITH_IMM's receive completed.
-            let ok = got == Received::WrittenToRegion { imm: it, len: size }
-                && memory[max..max + size] == expected[..];
-            mismatches += !ok as u32;
+            let arrived = got == Received::WrittenToRegion { imm: it, len: size };
+            let landed = memory[max..max + size] == expected[..];
+            mismatches.check(arrived && landed, || {
+                format!(
+                    "WRITE into a region, {size} B, iteration {it}: {}",
+                    if arrived {
+                        "the region holds other bytes".to_string()
+                    } else {
+                        format!("received {}", brief(&got))
+                    }
+                )
+            });
             if ctx.rank == 1 {
                 samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
             } else {
@@ -296,7 +355,7 @@ fn region_pingpong(
         }
     }
     drop(region);
-    Ok((messages, mismatches))
+    Ok(messages)
 }
 
 /// SENDs pipelined back to back by [`in_place_pingpong`] at each size, to see them land in order.
@@ -310,19 +369,18 @@ const PIPELINED: u32 = 8;
 fn in_place_pingpong(
     ctx: &RankContext,
     c: &mut RcConnection,
-    sizes: &[u32],
-    iterations: u32,
-    deadline: Duration,
+    p: &Pingpong,
+    mismatches: &mut Mismatches,
     report: &mut StepReport,
-) -> Result<(u32, u32)> {
+) -> Result<u32> {
+    let (sizes, iterations, deadline) = (&p.sizes, p.iterations, p.deadline.0);
     let max = sizes.iter().copied().max().unwrap_or(64).max(8) as usize;
     let mut memory = vec![0u8; max * PIPELINED as usize].into_boxed_slice();
     // SAFETY: `memory` is a boxed slice that neither moves nor is freed before `region`, which
     // is dropped at the end of this function, before `memory`; it is written only between
     // sends, once finish_posted (inside send_region) has returned.
     let region = unsafe { c.register_host(memory.as_mut_ptr(), memory.len()) }?;
-    let ring = c.posted_receives();
-    let (mut messages, mut mismatches) = (0, 0);
+    let mut messages = 0;
     for &size in sizes {
         let size = size as usize;
         let mut samples = vec![];
@@ -334,11 +392,18 @@ fn in_place_pingpong(
                 c.send_region(&region, 0, size, deadline)?;
                 let back = c.recv_in_place(deadline)?;
                 samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
-                mismatches += !matches!(&back, InPlace::Message(m) if **m == expected[..]) as u32;
+                let ok = matches!(&back, InPlace::Message(m) if **m == expected[..]);
+                mismatches.check(ok, || {
+                    format!("SEND in place, {size} B, iteration {it}: the echo came back other than sent")
+                });
             } else {
                 match c.recv_in_place(deadline)? {
                     InPlace::Message(m) => {
-                        mismatches += (*m != expected[..]) as u32;
+                        mismatches.check(*m == expected[..], || {
+                            format!(
+                                "SEND in place, {size} B, iteration {it}: received other than sent"
+                            )
+                        });
                         m.echo(deadline)?;
                     }
                     InPlace::Other(other) => bail!("expected a SEND, got {other:?}"),
@@ -369,20 +434,45 @@ fn in_place_pingpong(
             for n in 0..PIPELINED {
                 match c.recv_in_place(deadline)? {
                     InPlace::Message(m) => {
-                        mismatches += (*m != numbered(n)[..]) as u32;
+                        let first = m
+                            .get(..8)
+                            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
+                        mismatches.check(*m == numbered(n)[..], || {
+                            format!("pipelined SEND {n} of {PIPELINED}, {size} B: received other bytes (numbered {first:?})")
+                        });
                         m.give_back()?;
                     }
                     InPlace::Other(other) => bail!("expected SEND {n}, got {other:?}"),
                 }
             }
             // Every lent slot went back into the ring, echoed ones once their sends completed.
+            // (The peer may already be sending the next size: a slot holding its message is
+            // in the ring too.)
             c.finish_posted(deadline)?;
-            mismatches += (c.posted_receives() != ring) as u32;
+            mismatches.check(c.ring_whole(), || {
+                format!(
+                    "after {size} B: a receive ring slot is still out ({} receives posted)",
+                    c.posted_receives()
+                )
+            });
         }
         messages += PIPELINED;
     }
     drop(region);
-    Ok((messages, mismatches))
+    Ok(messages)
+}
+
+/// What a receive returned, in a few words (not its bytes).
+fn brief(r: &Received) -> String {
+    match r {
+        Received::Message(m) => format!("a SEND of {} B", m.len()),
+        Received::Written { imm, data } => {
+            format!("a WRITE of {} B with immediate {imm}", data.len())
+        }
+        Received::WrittenToRegion { imm, len } => {
+            format!("a WRITE of {len} B into the region with immediate {imm}")
+        }
+    }
 }
 
 /// Connect to every other rank: initiate towards higher ranks, wait for lower ones.
@@ -433,7 +523,37 @@ fn schedule(rank: u32, ranks: u32) -> Vec<Option<u32>> {
 
 #[cfg(test)]
 mod tests {
-    use super::schedule;
+    use super::{schedule, Mismatches};
+    use crate::rank::protocol::StepReport;
+    use crate::rank::steps::rdma_support::RDMA_DATA_MISMATCHES;
+
+    #[test]
+    fn every_mismatch_is_counted_and_the_first_few_named() {
+        let mut first = Mismatches::default();
+        first.check(true, || unreachable!("a check that held names nothing"));
+        for it in 0..4 {
+            first.check(false, || format!("SEND, 64 B, iteration {it}"));
+        }
+        let mut second = Mismatches::default();
+        for it in 0..3 {
+            second.check(false, || format!("WRITE, 64 B, iteration {it}"));
+        }
+        first.add(second);
+        let mut report = StepReport::new(0);
+        first.into_report(RDMA_DATA_MISMATCHES, &mut report);
+        assert_eq!(report.metrics[&RDMA_DATA_MISMATCHES], 7.0);
+        assert_eq!(
+            report.notes,
+            [
+                "mismatch: SEND, 64 B, iteration 0",
+                "mismatch: SEND, 64 B, iteration 1",
+                "mismatch: SEND, 64 B, iteration 2",
+                "mismatch: SEND, 64 B, iteration 3",
+                "mismatch: WRITE, 64 B, iteration 0",
+                "mismatch: 2 more not named",
+            ]
+        );
+    }
     use crate::model::metric::Series;
     use crate::model::scenario::StepSpec;
     use crate::rank::steps::testing::{accepted, refused};

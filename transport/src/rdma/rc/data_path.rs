@@ -459,6 +459,20 @@ impl RcConnection {
         self.posted_recvs
     }
 
+    /// Every slot of the receive ring is in it: posted, or holding a message that waits to be
+    /// received. False while a slot is lent out, or an echo from one has not yet completed (and
+    /// for ever, if a loan's end failed to post its slot again). Unlike
+    /// [`posted_receives`](Self::posted_receives), it does not change when a message arrives,
+    /// so it may be asked while the peer keeps sending.
+    pub fn ring_whole(&self) -> bool {
+        let waiting = self
+            .ready
+            .iter()
+            .filter(|a| matches!(a, Arrival::Landed { .. }))
+            .count();
+        self.posted_recvs + waiting == self.opts.recv_depth
+    }
+
     /// Poll the CQ until `done` holds or the deadline passes. Error completions are counted and
     /// returned; a receive slot is reposted as soon as its data is copied out.
     pub(super) fn wait(
