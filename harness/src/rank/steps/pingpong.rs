@@ -132,7 +132,7 @@ impl Mismatches {
         self.named.extend(other.named.into_iter().take(room));
     }
 
-    fn into_report(self, metric: Metric, report: &mut StepReport) {
+    fn report_as(self, metric: Metric, report: &mut StepReport) {
         report.metrics.insert(metric, self.count as f64);
         let shown = self.named.len() as u32;
         report
@@ -213,7 +213,7 @@ fn tcp_mesh(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepRepor
         c.close()?;
     }
     report.metrics.insert(PAIRS_VERIFIED, pairs_verified as f64);
-    mismatches.into_report(DATA_MISMATCHES, report);
+    mismatches.report_as(DATA_MISMATCHES, report);
     for (size, v) in samples {
         report.sample(Series::Latency, size as u64, v);
     }
@@ -240,7 +240,7 @@ fn rdma_pair(ctx: &RankContext, step: usize, p: &Pingpong, report: &mut StepRepo
     messages += region_pingpong(ctx, &mut c, p, &mut mismatches, report)?;
     messages += in_place_pingpong(ctx, &mut c, p, &mut mismatches, report)?;
     report.metrics.insert(RDMA_MESSAGES, messages as f64);
-    mismatches.into_report(RDMA_DATA_MISMATCHES, report);
+    mismatches.report_as(RDMA_DATA_MISMATCHES, report);
     counts_into(&c, report);
     ctx.pair_barrier(step, "done", deadline)?;
     Ok(())
@@ -540,7 +540,7 @@ mod tests {
         }
         first.add(second);
         let mut report = StepReport::new(0);
-        first.into_report(RDMA_DATA_MISMATCHES, &mut report);
+        first.report_as(RDMA_DATA_MISMATCHES, &mut report);
         assert_eq!(report.metrics[&RDMA_DATA_MISMATCHES], 7.0);
         assert_eq!(
             report.notes,
