@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
 # Prints the release wringer binary a recipe runs: $WRINGER_BIN when set, else this tree's,
-# built first. CI builds once and hands every stage the same binary, so no stage compiles, and
-# none runs cargo (which links target/release/wringer anew) while another stage runs it.
+# built first. With --bug-injection, the build with transport bugs switchable
+# (WRINGER_TRANSPORT_BUG): $WRINGER_BUG_BIN when set, else `just bug-injection-build`'s.
+# CI builds both once and hands every stage the same binaries, so no stage compiles, and none
+# runs cargo (which links target/release/wringer anew) while another stage runs it.
 set -euo pipefail
-if [ -n "${WRINGER_BIN:-}" ]; then
-    if [ ! -x "$WRINGER_BIN" ]; then
-        echo "WRINGER_BIN=$WRINGER_BIN is not an executable file" >&2
+if [ "${1:-}" = --bug-injection ]; then
+    given=${WRINGER_BUG_BIN:-}
+    name=WRINGER_BUG_BIN
+else
+    given=${WRINGER_BIN:-}
+    name=WRINGER_BIN
+fi
+if [ -n "$given" ]; then
+    if [ ! -x "$given" ]; then
+        echo "$name=$given is not an executable file" >&2
         exit 2
     fi
-    echo "$WRINGER_BIN"
+    echo "$given"
+    exit 0
+fi
+if [ "${1:-}" = --bug-injection ]; then
+    just bug-injection-build >&2 || exit 2
+    echo "$PWD/target/bug-injection/release/wringer"
     exit 0
 fi
 cargo build --release -q -p wringer >&2 || exit 2
