@@ -27,7 +27,7 @@ pub struct BenchOptions {
     pub ranks: Vec<u32>,
     /// Only the RDMA rows (for a run inside the rxe VM, where TCP numbers mean little).
     pub rdma_only: bool,
-    /// Only the TCP rows whose measure contains this text; nothing else is measured.
+    /// Only the TCP or RDMA rows whose measure contains this text; nothing else is measured.
     pub only: Option<String>,
     /// Only the launcher rows: a Slurm profile against an SSH profile over the same number of
     /// hosts (`just bench-launch`).
@@ -168,7 +168,7 @@ fn serving<S>(server: &Result<S>) -> Result<&S> {
 /// RDMA against perftest, same host, same sizes, same iteration counts, in alternating rounds:
 /// measured where this host has an active RoCE interface (inside the rxe VM: `just
 /// bench-rdma`), otherwise skipped with the reason.
-fn rdma_rows(method: Method) -> Vec<Row> {
+fn rdma_rows(method: Method, only: Option<&str>) -> Vec<Row> {
     let Some((dev, port, gid)) = crate::rank::steps::rdma_support::local_gid() else {
         let why = "no RDMA device here: run `just bench-rdma` (the bench inside the rxe VM)";
         return vec![
@@ -191,46 +191,51 @@ fn rdma_rows(method: Method) -> Vec<Row> {
         size,
         iters,
     };
+    let wanted = |measure: &str| only.is_none_or(|o| measure.contains(o));
     let mut rows = vec![];
     let iters = 200;
     for size in [64usize, 4096, 65536] {
         // The zero-copy path is the one held to perftest's latency (which copies nothing); the
         // copying send/recv is measured beside it, so the copies' cost shows as the difference.
-        rows.push(versus(
-            method,
-            (
-                format!("RDMA SEND ping-pong in place {} p50", human(size)),
-                "µs",
-                "ib_send_lat (typical)",
-                Some(Goal::RatioAtMost(1.10)),
-            ),
-            || ours::rdma_pingpong_in_place(ip, size, iters),
-            || reference::ib_send_lat(&perftest(size, iters)),
-        ));
-        rows.push(versus(
-            method,
-            (
-                format!("RDMA SEND ping-pong copying {} p50", human(size)),
-                "µs",
-                "ib_send_lat (typical)",
-                None,
-            ),
-            || ours::rdma_pingpong(ip, size, iters),
-            || reference::ib_send_lat(&perftest(size, iters)),
-        ));
+        let measure = format!("RDMA SEND ping-pong in place {} p50", human(size));
+        if wanted(&measure) {
+            rows.push(versus(
+                method,
+                (
+                    measure,
+                    "µs",
+                    "ib_send_lat (typical)",
+                    Some(Goal::RatioAtMost(1.10)),
+                ),
+                || ours::rdma_pingpong_in_place(ip, size, iters),
+                || reference::ib_send_lat(&perftest(size, iters)),
+            ));
+        }
+        let measure = format!("RDMA SEND ping-pong copying {} p50", human(size));
+        if wanted(&measure) {
+            rows.push(versus(
+                method,
+                (measure, "µs", "ib_send_lat (typical)", None),
+                || ours::rdma_pingpong(ip, size, iters),
+                || reference::ib_send_lat(&perftest(size, iters)),
+            ));
+        }
     }
     let (size, iters) = (65536, 1000);
-    rows.push(versus(
-        method,
-        (
-            format!("RDMA WRITE bandwidth, {} messages", human(size)),
-            "Gbit/s",
-            "ib_write_bw",
-            Some(Goal::RatioAtLeast(0.95)),
-        ),
-        || ours::rdma_write_bw(ip, size, iters),
-        || reference::ib_write_bw(&perftest(size, iters)),
-    ));
+    let measure = format!("RDMA WRITE bandwidth, {} messages", human(size));
+    if wanted(&measure) {
+        rows.push(versus(
+            method,
+            (
+                measure,
+                "Gbit/s",
+                "ib_write_bw",
+                Some(Goal::RatioAtLeast(0.95)),
+            ),
+            || ours::rdma_write_bw(ip, size, iters),
+            || reference::ib_write_bw(&perftest(size, iters)),
+        ));
+    }
     rows
 }
 
@@ -343,7 +348,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         rows,
     };
     if opts.rdma_only {
-        return Ok(report(rdma_rows(method), placement));
+        return Ok(report(rdma_rows(method, opts.only.as_deref()), placement));
     }
     if let Some(hosts) = &opts.audit_cost {
         return Ok(report(
@@ -361,7 +366,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     if opts.only.is_some() {
         return Ok(report(rows, placement));
     }
-    rows.extend(rdma_rows(method));
+    rows.extend(rdma_rows(method, None));
     rows.push(alone(
         "teardown cycles per second".into(),
         "cycles/s",
