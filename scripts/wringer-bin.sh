@@ -6,12 +6,15 @@
 # runs cargo (which links target/release/wringer anew) while another stage runs it.
 set -euo pipefail
 if [ "${1:-}" = --bug-injection ]; then
-    given=${WRINGER_BUG_BIN:-}
     name=WRINGER_BUG_BIN
+    built=target/bug-injection/release/wringer
+    build() { just bug-injection-build; }
 else
-    given=${WRINGER_BIN:-}
     name=WRINGER_BIN
+    built=${CARGO_TARGET_DIR:-target}/release/wringer
+    build() { cargo build --release -q -p wringer; }
 fi
+given=${!name:-}
 if [ -n "$given" ]; then
     if [ ! -x "$given" ]; then
         echo "$name=$given is not an executable file" >&2
@@ -20,10 +23,5 @@ if [ -n "$given" ]; then
     echo "$given"
     exit 0
 fi
-if [ "${1:-}" = --bug-injection ]; then
-    just bug-injection-build >&2 || exit 2
-    echo "$PWD/target/bug-injection/release/wringer"
-    exit 0
-fi
-cargo build --release -q -p wringer >&2 || exit 2
-echo "$PWD/${CARGO_TARGET_DIR:-target}/release/wringer"
+build >&2 || exit 2
+echo "$PWD/$built"

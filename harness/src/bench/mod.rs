@@ -165,6 +165,11 @@ fn serving<S>(server: &Result<S>) -> Result<&S> {
     server.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))
 }
 
+/// Whether `--only` (when given) picks the row measuring `measure`.
+fn picked(only: Option<&str>, measure: &str) -> bool {
+    only.is_none_or(|o| measure.contains(o))
+}
+
 /// RDMA against perftest, same host, same sizes, same iteration counts, in alternating rounds:
 /// measured where this host has an active RoCE interface (inside the rxe VM: `just
 /// bench-rdma`), otherwise skipped with the reason.
@@ -191,7 +196,7 @@ fn rdma_rows(method: Method, only: Option<&str>) -> Vec<Row> {
         size,
         iters,
     };
-    let wanted = |measure: &str| only.is_none_or(|o| measure.contains(o));
+    let wanted = |measure: &str| picked(only, measure);
     let mut rows = vec![];
     let iters = 200;
     for size in [64usize, 4096, 65536] {
@@ -242,7 +247,7 @@ fn rdma_rows(method: Method, only: Option<&str>) -> Vec<Row> {
 /// The TCP rows: ping-pong latency against sockperf (blocking, then both sides busy-polling)
 /// and one stream against iperf3. With `--only`, just the rows whose measure names it.
 fn tcp_rows(opts: &BenchOptions, method: Method, cpus: Option<&CpuPinning>) -> Vec<Row> {
-    let wanted = |measure: &str| opts.only.as_deref().is_none_or(|o| measure.contains(o));
+    let wanted = |measure: &str| picked(opts.only.as_deref(), measure);
     let run = Duration::from_secs(opts.seconds.max(1));
     let sizes: &[usize] = if opts.quick {
         &[64, 4096, 65536]

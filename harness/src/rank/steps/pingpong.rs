@@ -434,10 +434,10 @@ fn in_place_pingpong(
             for n in 0..PIPELINED {
                 match c.recv_in_place(deadline)? {
                     InPlace::Message(m) => {
-                        let first = m
-                            .get(..8)
-                            .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
                         mismatches.check(*m == numbered(n)[..], || {
+                            let first = m
+                                .get(..8)
+                                .map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
                             format!("pipelined SEND {n} of {PIPELINED}, {size} B: received other bytes (numbered {first:?})")
                         });
                         m.give_back()?;
