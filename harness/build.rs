@@ -108,11 +108,14 @@ fn ebpf_audit(out: &Path) {
     println!("cargo:rerun-if-env-changed=WRINGER_BPF_CLANG");
     println!("cargo:rustc-check-cfg=cfg(ebpf_audit)");
     let clang = std::env::var("WRINGER_BPF_CLANG").unwrap_or_else(|_| "clang".into());
+    // The program reads the syscall registers at this architecture's offsets.
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let status = Command::new(&clang)
         .args([
             "-target", "bpf", "-O2", "-g", "-Wall", "-Werror", "-c", src, "-o",
         ])
         .arg(out.join("audit.bpf.o"))
+        .arg(format!("-DWRINGER_ARCH_{arch}"))
         .status();
     match status {
         Ok(s) if s.success() => println!("cargo:rustc-cfg=ebpf_audit"),

@@ -3,8 +3,13 @@
 // syscalls count and what memory each one's event carries, and renders the events as the
 // strace lines the checker reads.
 //
-// Built by build.rs with `clang -target bpf`; it needs no kernel headers: tracepoint layouts
-// are either fixed ABI (raw_syscalls) or read from tracefs by the user side (sched).
+// Built by build.rs with `clang -target bpf`; it needs no kernel headers. Every program is a
+// raw tracepoint: the kernel calls it with the tracepoint's own arguments, and a detach frees
+// it after an RCU grace period in the background. A perf-event tracepoint (the older kind)
+// waits out that grace period in every detach, under a mutex all the machine's tracers share:
+// seven of them cost each rank a quarter of a second at its end. What the arguments point
+// into is read at fixed ABI offsets (the syscall registers) or by CO-RE relocations against
+// the running kernel's BTF (a task's pid, an io_uring request's opcode and result).
 
 typedef unsigned char __u8;
 typedef unsigned short __u16;
@@ -37,6 +42,45 @@ static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (v
 static __u64 (*bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
 static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
 static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (void *)113;
+
+// Where a syscall's arguments and number are in the `struct pt_regs` the syscall tracepoints
+// pass: the kernel's layout, the same as ptrace's (uapi asm/ptrace.h). build.rs says which
+// architecture.
+// The registers are read in one copy of the window [ARGS_FROM, ARGS_FROM + 64), then picked.
+#if defined(WRINGER_ARCH_x86_64)
+#define ARGS_FROM 56
+static const __u32 ARG_AT[6] = {56, 48, 40, 0, 16, 8}; // di, si, dx, r10, r8, r9
+#define NR_AT 120                                       // orig_ax
+#define NR_SIZE 8
+#elif defined(WRINGER_ARCH_aarch64)
+// At entry x0 still holds the first argument (orig_x0 keeps it once x0 holds the result).
+#define ARGS_FROM 0
+static const __u32 ARG_AT[6] = {0, 8, 16, 24, 32, 40}; // x0..x5
+#define NR_AT 280                                       // syscallno
+#define NR_SIZE 4
+#else
+#error "the eBPF audit knows the syscall registers of x86_64 and aarch64 only"
+#endif
+
+// A raw tracepoint's arguments, as its TP_PROTO declares them.
+struct raw_args {
+    __u64 args[0];
+};
+
+// Only the fields read, relocated by offset to the running kernel's layout (CO-RE).
+struct task_struct {
+    int pid;
+} __attribute__((preserve_access_index));
+
+struct io_cqe {
+    __u64 user_data;
+    int res;
+} __attribute__((preserve_access_index));
+
+struct io_kiocb {
+    __u8 opcode;
+    struct io_cqe cqe;
+} __attribute__((preserve_access_index));
 
 #define CAPTURE 128
 #define SYSCALLS 512
@@ -134,9 +178,6 @@ struct {
     __type(value, struct spin);
 } spinning SEC(".maps");
 
-// Where sched_process_fork keeps the child's pid on this kernel (from its tracefs format file).
-volatile const __u32 fork_child_pid = 44;
-
 // io_uring requests a traced process submitted, until they complete: req -> who and what. An
 // operation in flight on a descriptor is a use of it that no syscall shows (the submitting
 // call returned long ago), so a close then is a close while in use.
@@ -151,14 +192,6 @@ struct {
     __type(key, __u64);
     __type(value, struct uring_req);
 } uring SEC(".maps");
-
-// Where the io_uring tracepoints keep their fields on this kernel (from tracefs).
-volatile const __u32 uring_submit_req = 16;
-volatile const __u32 uring_submit_opcode = 32;
-volatile const __u32 uring_file_req = 16;
-volatile const __u32 uring_file_fd = 32;
-volatile const __u32 uring_done_req = 16;
-volatile const __u32 uring_done_res = 32;
 
 static void count_lost(__u32 which) {
     __u64 *n = bpf_map_lookup_elem(&lost, &which);
@@ -203,17 +236,13 @@ static void read_capture(struct event *e, struct capture *c, int i, __u8 when) {
     e->cap_len[i & 1] = c->string[i] ? (__u32)r : n;
 }
 
-struct sys_enter_ctx {
-    __u64 common;
-    long id;
-    unsigned long args[6];
-};
-
-struct sys_exit_ctx {
-    __u64 common;
-    long id;
-    long ret;
-};
+// The six arguments of the syscall `regs` entered with, in one read of kernel memory.
+static __attribute__((always_inline)) void syscall_args(void *regs, __u64 *out) {
+    __u64 window[8] = {0};
+    bpf_probe_read_kernel(window, sizeof window, (char *)regs + ARGS_FROM);
+    for (int i = 0; i < 6; i++)
+        out[i] = window[(ARG_AT[i] / 8) & 7];
+}
 
 // An event for the current thread, reserved and filled in but for what entry and return add;
 // NULL when the ring buffer is full (counted).
@@ -257,12 +286,15 @@ static __attribute__((always_inline)) int read_at_exit(struct capture *c) {
     return c->when[0] == AT_EXIT || c->when[1] == AT_EXIT;
 }
 
-SEC("tracepoint/raw_syscalls/sys_enter")
-int on_enter(struct sys_enter_ctx *ctx) {
+SEC("raw_tracepoint/sys_enter")
+int on_enter(struct raw_args *ctx) {
     __u64 pid_tgid = bpf_get_current_pid_tgid();
-    struct capture *c = wanted(pid_tgid, ctx->id);
+    long id = (long)ctx->args[1];
+    struct capture *c = wanted(pid_tgid, id);
     if (!c)
         return 0;
+    struct args a;
+    syscall_args((void *)ctx->args[0], a.v);
     __u32 me = (__u32)pid_tgid;
     struct spin *sp = bpf_map_lookup_elem(&spinning, &me);
     if (!sp) {
@@ -272,49 +304,44 @@ int on_enter(struct sys_enter_ctx *ctx) {
         sp = bpf_map_lookup_elem(&spinning, &me);
     }
     if (sp) {
-        sp->skipping = sp->again && sp->id == (__s32)ctx->id && sp->fd == ctx->args[0];
+        sp->skipping = sp->again && sp->id == (__s32)id && sp->fd == a.v[0];
         if (!sp->skipping) {
-            sp->id = (__s32)ctx->id;
-            sp->fd = ctx->args[0];
+            sp->id = (__s32)id;
+            sp->fd = a.v[0];
             sp->again = 0;
         }
         if (sp->skipping) {
             // Kept for the exit, which records the whole call if it ends the spin.
-            // One read each, at fixed offsets: the verifier refuses a context pointer moved
-            // by a loop.
-            struct args a = {{ctx->args[0], ctx->args[1], ctx->args[2], ctx->args[3],
-                              ctx->args[4], ctx->args[5]}};
             bpf_map_update_elem(&entered, &me, &a, BPF_ANY);
             return 0;
         }
     }
-    struct event *e = reserve(pid_tgid, ENTER, ctx->id);
+    struct event *e = reserve(pid_tgid, ENTER, id);
     if (!e)
         return 0;
     for (int i = 0; i < 6; i++)
-        e->args[i] = ctx->args[i];
+        e->args[i] = a.v[i];
     read_capture(e, c, 0, AT_ENTER);
     read_capture(e, c, 1, AT_ENTER);
-    if (read_at_exit(c)) {
-        __u32 tid = e->tid;
-        struct args a;
-        for (int i = 0; i < 6; i++)
-            a.v[i] = e->args[i];
-        bpf_map_update_elem(&entered, &tid, &a, BPF_ANY);
-    }
+    if (read_at_exit(c))
+        bpf_map_update_elem(&entered, &me, &a, BPF_ANY);
     submit(e);
     return 0;
 }
 
-SEC("tracepoint/raw_syscalls/sys_exit")
-int on_exit(struct sys_exit_ctx *ctx) {
+SEC("raw_tracepoint/sys_exit")
+int on_exit(struct raw_args *ctx) {
     __u64 pid_tgid = bpf_get_current_pid_tgid();
-    struct capture *c = wanted(pid_tgid, ctx->id);
+    long ret = (long)ctx->args[1];
+    long id = 0;
+    bpf_probe_read_kernel(&id, NR_SIZE, (char *)ctx->args[0] + NR_AT);
+    id = NR_SIZE == 4 ? (long)(__s32)id : id;
+    struct capture *c = wanted(pid_tgid, id);
     if (!c)
         return 0;
     __u32 me = (__u32)pid_tgid;
     struct spin *sp = bpf_map_lookup_elem(&spinning, &me);
-    int again = ctx->ret == -EAGAIN;
+    int again = ret == -EAGAIN;
     if (sp && sp->skipping) {
         sp->skipping = 0;
         if (again) {
@@ -323,7 +350,7 @@ int on_exit(struct sys_exit_ctx *ctx) {
         }
         // The spin ends: record this call's entry now, from the arguments kept at entry.
         struct args *kept = bpf_map_lookup_elem(&entered, &me);
-        struct event *in = reserve(pid_tgid, ENTER, ctx->id);
+        struct event *in = reserve(pid_tgid, ENTER, id);
         if (in) {
             if (kept)
                 for (int i = 0; i < 6; i++)
@@ -335,18 +362,17 @@ int on_exit(struct sys_exit_ctx *ctx) {
     }
     if (sp)
         sp->again = again;
-    struct event *e = reserve(pid_tgid, EXIT, ctx->id);
+    struct event *e = reserve(pid_tgid, EXIT, id);
     if (!e)
         return 0;
-    __u32 tid = e->tid;
-    e->ret = ctx->ret;
+    e->ret = ret;
     if (read_at_exit(c)) {
-        struct args *at = bpf_map_lookup_elem(&entered, &tid);
+        struct args *at = bpf_map_lookup_elem(&entered, &me);
         if (at) {
             for (int i = 0; i < 6; i++)
                 e->args[i] = at->v[i];
-            bpf_map_delete_elem(&entered, &tid);
-            if (ctx->ret >= 0) {
+            bpf_map_delete_elem(&entered, &me);
+            if (ret >= 0) {
                 read_capture(e, c, 0, AT_EXIT);
                 read_capture(e, c, 1, AT_EXIT);
             }
@@ -356,25 +382,27 @@ int on_exit(struct sys_exit_ctx *ctx) {
     return 0;
 }
 
-SEC("tracepoint/sched/sched_process_fork")
-int on_fork(void *ctx) {
-    __u32 child = 0;
-    bpf_probe_read_kernel(&child, 4, (char *)ctx + fork_child_pid);
-    // It runs in the parent: what counts is the parent's process.
+// sched_process_fork(parent, child), run in the parent.
+SEC("raw_tracepoint/sched_process_fork")
+int on_fork(struct raw_args *ctx) {
+    // What counts is the parent's process.
     __u32 tgid = bpf_get_current_pid_tgid() >> 32;
     __u8 *t = bpf_map_lookup_elem(&traced, &tgid);
     if (!t)
         return 0;
+    struct task_struct *task = (void *)ctx->args[1];
+    __u32 child = 0;
+    bpf_probe_read_kernel(&child, 4, &task->pid);
     // A new thread shares its process's entry; a new process gets its own.
     __u8 one = 1;
-    __u32 key = child;
-    if (bpf_map_lookup_elem(&traced, &key) == 0)
-        bpf_map_update_elem(&traced, &key, &one, BPF_ANY);
+    if (bpf_map_lookup_elem(&traced, &child) == 0)
+        bpf_map_update_elem(&traced, &child, &one, BPF_ANY);
     return 0;
 }
 
-SEC("tracepoint/sched/sched_process_exit")
-int on_task_exit(void *ctx) {
+// sched_process_exit(task, ...), run in the task that ends.
+SEC("raw_tracepoint/sched_process_exit")
+int on_task_exit(struct raw_args *ctx) {
     __u64 pid_tgid = bpf_get_current_pid_tgid();
     if (!recorded(pid_tgid >> 32))
         return 0;
@@ -387,30 +415,30 @@ int on_task_exit(void *ctx) {
     return 0;
 }
 
-SEC("tracepoint/io_uring/io_uring_submit_req")
-int on_uring_submit(void *ctx) {
+// io_uring_submit_req(req), run in the submitter.
+SEC("raw_tracepoint/io_uring_submit_req")
+int on_uring_submit(struct raw_args *ctx) {
     __u64 pid_tgid = bpf_get_current_pid_tgid();
     if (!recorded(pid_tgid >> 32))
         return 0;
-    __u64 req = 0;
+    struct io_kiocb *req = (void *)ctx->args[0];
     __u8 opcode = 0;
-    bpf_probe_read_kernel(&req, 8, (char *)ctx + uring_submit_req);
-    bpf_probe_read_kernel(&opcode, 1, (char *)ctx + uring_submit_opcode);
+    bpf_probe_read_kernel(&opcode, 1, &req->opcode);
+    __u64 key = (__u64)req;
     struct uring_req r = {pid_tgid, opcode};
-    bpf_map_update_elem(&uring, &req, &r, BPF_ANY);
+    bpf_map_update_elem(&uring, &key, &r, BPF_ANY);
     return 0;
 }
 
-// The request takes its descriptor (not for registered files): it is in flight on it from now.
-SEC("tracepoint/io_uring/io_uring_file_get")
-int on_uring_file(void *ctx) {
-    __u64 req = 0;
-    __s32 fd = -1;
-    bpf_probe_read_kernel(&req, 8, (char *)ctx + uring_file_req);
+// io_uring_file_get(req, fd): the request takes its descriptor (not for registered files): it
+// is in flight on it from now.
+SEC("raw_tracepoint/io_uring_file_get")
+int on_uring_file(struct raw_args *ctx) {
+    __u64 req = ctx->args[0];
     struct uring_req *r = bpf_map_lookup_elem(&uring, &req);
     if (!r)
         return 0;
-    bpf_probe_read_kernel(&fd, 4, (char *)ctx + uring_file_fd);
+    __s32 fd = (__s32)ctx->args[1];
     struct event *e = reserve(r->pid_tgid, URING_OP, -1);
     if (!e)
         return 0;
@@ -421,23 +449,25 @@ int on_uring_file(void *ctx) {
     return 0;
 }
 
-// Its completion, in whatever context it runs (a worker, task work): told as its submitter's.
-SEC("tracepoint/io_uring/io_uring_complete")
-int on_uring_done(void *ctx) {
-    __u64 req = 0;
-    __s32 res = 0;
-    bpf_probe_read_kernel(&req, 8, (char *)ctx + uring_done_req);
-    struct uring_req *r = bpf_map_lookup_elem(&uring, &req);
+// io_uring_complete(ctx, req, ...): its completion, in whatever context it runs (a worker,
+// task work), told as its submitter's. The result is the request's own (req->cqe.res), which
+// every kernel with these tracepoints passes on, whatever the tracepoint's later arguments.
+SEC("raw_tracepoint/io_uring_complete")
+int on_uring_done(struct raw_args *ctx) {
+    __u64 key = ctx->args[1];
+    struct uring_req *r = bpf_map_lookup_elem(&uring, &key);
     if (!r)
         return 0;
-    bpf_probe_read_kernel(&res, 4, (char *)ctx + uring_done_res);
+    struct io_kiocb *req = (void *)key;
+    __s32 res = 0;
+    bpf_probe_read_kernel(&res, 4, &req->cqe.res);
     struct event *e = reserve(r->pid_tgid, URING_DONE, -1);
     if (e) {
-        e->args[0] = req;
+        e->args[0] = key;
         e->ret = res;
         submit(e);
     }
-    bpf_map_delete_elem(&uring, &req);
+    bpf_map_delete_elem(&uring, &key);
     return 0;
 }
 

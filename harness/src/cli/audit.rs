@@ -46,7 +46,8 @@ pub struct Args {
     #[arg(long)]
     pub report_dir: Option<PathBuf>,
     /// What records the syscalls (default: eBPF where this host can use it, else strace;
-    /// also WRINGER_AUDIT_BACKEND). Perturbations always use strace.
+    /// also WRINGER_AUDIT_BACKEND). Perturbations are applied by a preloaded observer where
+    /// the program is dynamically linked, else by strace; the report says which.
     #[arg(long, value_enum)]
     pub audit_backend: Option<AuditBackend>,
     /// A suppressions file (repeatable): findings it names are counted, not failed

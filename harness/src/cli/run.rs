@@ -39,7 +39,8 @@ pub struct Args {
     #[arg(long, conflicts_with = "perturb")]
     pub no_perturb: bool,
     /// What records the ranks' syscalls for the audit (default: eBPF where every host can
-    /// use it, else strace; also WRINGER_AUDIT_BACKEND). Perturbations always use strace.
+    /// use it, else strace; also WRINGER_AUDIT_BACKEND). Perturbations are applied by a
+    /// preloaded observer where the ranks are dynamically linked, else by strace.
     #[arg(long, value_enum)]
     pub audit_backend: Option<AuditBackend>,
     /// A suppressions file for the audit (repeatable): findings it names are counted, not

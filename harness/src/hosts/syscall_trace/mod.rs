@@ -32,8 +32,8 @@ pub fn unusable() -> Option<String> {
     if let Err(e) = mount_tracefs() {
         return Some(e.to_string());
     }
-    // Loaded and verified, not attached: a detach waits for RCU grace periods (about 70 ms
-    // each here), which every run would pay at its start.
+    // Loaded and verified (CO-RE relocations against this kernel's BTF included), not
+    // attached: attaching would put every thread of the machine on the traced syscall path.
     #[cfg(ebpf_audit)]
     if let Err(e) = kernel::Tracer::load(false, false) {
         return Some(format!("the BPF program did not load: {e:#}"));
@@ -106,8 +106,8 @@ mod kernel {
 
     use anyhow::{Context, Result};
     use aya::maps::{Array, HashMap, MapData, RingBuf};
-    use aya::programs::trace_point::TracePointLinkId;
-    use aya::programs::TracePoint;
+    use aya::programs::raw_trace_point::RawTracePointLinkId;
+    use aya::programs::RawTracePoint;
     use aya::{Ebpf, EbpfLoader};
 
     use super::render::{Event, Renderer};
@@ -120,23 +120,14 @@ mod kernel {
 
     pub struct Tracer {
         bpf: Ebpf,
-        links: Vec<(&'static str, TracePointLinkId)>,
+        links: Vec<(&'static str, RawTracePointLinkId)>,
     }
 
     impl Tracer {
         /// Load the program, recording the syscalls of the audit (and `futex`), and attach it.
         pub fn load(futex: bool, attach: bool) -> Result<Tracer> {
             raise_memlock();
-            let child = fork_child_offset()?;
             let mut loader = EbpfLoader::new();
-            loader.override_global("fork_child_pid", &child, true);
-            // io_uring's operations, where this kernel has its tracepoints.
-            let uring = uring_offsets();
-            if let Some(o) = &uring {
-                for (name, value) in o {
-                    loader.override_global(name, value, true);
-                }
-            }
             // Tests shrink the ring to make it overflow (a power of two of pages).
             if let Some(bytes) = std::env::var("WRINGER_EBPF_RING_BYTES")
                 .ok()
@@ -156,50 +147,45 @@ mod kernel {
             }
             let mut links = vec![];
             let mut programs = vec![
-                ("on_enter", "raw_syscalls", "sys_enter"),
-                ("on_exit", "raw_syscalls", "sys_exit"),
-                ("on_fork", "sched", "sched_process_fork"),
-                ("on_task_exit", "sched", "sched_process_exit"),
+                ("on_enter", "sys_enter"),
+                ("on_exit", "sys_exit"),
+                ("on_fork", "sched_process_fork"),
+                ("on_task_exit", "sched_process_exit"),
             ];
-            if uring.is_some() {
+            // io_uring's operations, where this kernel's tracepoints take the request first.
+            if uring_tracepoints() {
                 programs.extend([
-                    ("on_uring_submit", "io_uring", "io_uring_submit_req"),
-                    ("on_uring_file", "io_uring", "io_uring_file_get"),
-                    ("on_uring_done", "io_uring", "io_uring_complete"),
+                    ("on_uring_submit", "io_uring_submit_req"),
+                    ("on_uring_file", "io_uring_file_get"),
+                    ("on_uring_done", "io_uring_complete"),
                 ]);
             }
-            for (prog, category, name) in programs {
-                let p: &mut TracePoint = bpf
+            for (prog, tracepoint) in programs {
+                let p: &mut RawTracePoint = bpf
                     .program_mut(prog)
                     .with_context(|| format!("no program {prog}"))?
                     .try_into()?;
                 p.load().with_context(|| format!("verifying {prog}"))?;
                 if attach {
                     let id = p
-                        .attach(category, name)
-                        .with_context(|| format!("attaching {prog} to {category}:{name}"))?;
+                        .attach(tracepoint)
+                        .with_context(|| format!("attaching {prog} to {tracepoint}"))?;
                     links.push((prog, id));
                 }
             }
             Ok(Tracer { bpf, links })
         }
 
-        /// Detach every tracepoint at once: each detach waits out RCU grace periods, and one
-        /// after the other they would add about a quarter of a second to every rank's end.
+        /// Detach every tracepoint. A raw tracepoint's detach does not wait for the RCU grace
+        /// period that frees it, so this takes microseconds.
         fn detach(mut self) {
-            let mut taken = vec![];
             for (prog, id) in std::mem::take(&mut self.links) {
-                let p: Option<&mut TracePoint> =
+                let p: Option<&mut RawTracePoint> =
                     self.bpf.program_mut(prog).and_then(|p| p.try_into().ok());
-                if let Some(link) = p.and_then(|p| p.take_link(id).ok()) {
-                    taken.push(link);
+                if let Some(p) = p {
+                    let _ = p.detach(id);
                 }
             }
-            std::thread::scope(|s| {
-                for link in taken {
-                    s.spawn(move || drop(link));
-                }
-            });
         }
 
         /// Events dropped because the ring buffer was full.
@@ -212,48 +198,31 @@ mod kernel {
         }
     }
 
-    /// Where sched_process_fork keeps the child's pid on this kernel (6.x moved it when the
-    /// names became dynamic strings).
-    fn fork_child_offset() -> Result<u32> {
-        let path = format!("{TRACEFS}/events/sched/sched_process_fork/format");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        field_offset(&text, "child_pid")
-            .with_context(|| format!("{path} gives no child_pid offset"))
-    }
-
-    /// Where io_uring's tracepoints keep the fields the program reads, on this kernel; `None`
-    /// where it has no io_uring tracepoints (or their layout lacks a field), and then io_uring
-    /// operations are not recorded.
-    fn uring_offsets() -> Option<Vec<(&'static str, u32)>> {
-        let mut out = vec![];
-        for (global, event, field) in [
-            ("uring_submit_req", "io_uring_submit_req", "req"),
-            ("uring_submit_opcode", "io_uring_submit_req", "opcode"),
-            ("uring_file_req", "io_uring_file_get", "req"),
-            ("uring_file_fd", "io_uring_file_get", "fd"),
-            ("uring_done_req", "io_uring_complete", "req"),
-            ("uring_done_res", "io_uring_complete", "res"),
-        ] {
+    /// Whether this kernel has io_uring's tracepoints in the form the program reads: a
+    /// submission told by its request alone (`io_uring_submit_req`, 6.0 on), and the file and
+    /// completion tracepoints that name the request. Older kernels are audited without their
+    /// io_uring operations.
+    fn uring_tracepoints() -> bool {
+        [
+            "io_uring_submit_req",
+            "io_uring_file_get",
+            "io_uring_complete",
+        ]
+        .iter()
+        .all(|event| {
             let path = format!("{TRACEFS}/events/io_uring/{event}/format");
-            let text = std::fs::read_to_string(&path).ok()?;
-            out.push((global, field_offset(&text, field)?));
-        }
-        Some(out)
+            std::fs::read_to_string(path).is_ok_and(|text| has_field(&text, "req"))
+        })
     }
 
-    /// A field's offset in a tracefs format file (`field:int fd; offset:32;…`).
-    fn field_offset(format: &str, field: &str) -> Option<u32> {
-        let line = format.lines().find(|l| {
-            l.split(';')
-                .next()
+    /// Whether a tracefs format file declares this field (`field:void * req; offset:16;…`).
+    fn has_field(format: &str, field: &str) -> bool {
+        format.lines().any(|l| {
+            l.trim_start()
+                .strip_prefix("field:")
+                .and_then(|decl| decl.split(';').next())
                 .is_some_and(|decl| decl.rsplit([' ', '*']).next() == Some(field))
-        })?;
-        line.split("offset:")
-            .nth(1)?
-            .split(';')
-            .next()?
-            .parse()
-            .ok()
+        })
     }
 
     /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
