@@ -80,6 +80,9 @@ pub struct Renderer {
     /// Add to a monotonic timestamp for the time of day.
     epoch_offset_ns: i128,
     pending: BTreeMap<u32, Event>,
+    /// Each error's text, made once: libc's message goes through its locale lookup, and a
+    /// sync marker's EINVAL comes back thousands of times a second.
+    errors: BTreeMap<i64, String>,
 }
 
 impl Renderer {
@@ -89,6 +92,7 @@ impl Renderer {
             root_started: false,
             epoch_offset_ns,
             pending: BTreeMap::new(),
+            errors: BTreeMap::new(),
         }
     }
 
@@ -158,7 +162,7 @@ impl Renderer {
                             self.time(p.ts),
                             s.name,
                             args,
-                            ret_text(e.ret)
+                            self.ret_text(e.ret)
                         );
                     }
                     other => {
@@ -178,7 +182,7 @@ impl Renderer {
                             self.time(e.ts),
                             s.name,
                             after,
-                            ret_text(e.ret)
+                            self.ret_text(e.ret)
                         );
                     }
                 }
@@ -233,13 +237,24 @@ impl Renderer {
         );
     }
 
+    fn ret_text(&mut self, ret: i64) -> String {
+        if ret >= 0 {
+            return ret.to_string();
+        }
+        self.errors
+            .entry(ret)
+            .or_insert_with(|| ret_text(ret))
+            .clone()
+    }
+
     fn time(&self, ts: u64) -> Time {
-        Time((ts as i128 + self.epoch_offset_ns).max(0))
+        Time((ts as i128 + self.epoch_offset_ns).clamp(0, u64::MAX as i128) as u64)
     }
 }
 
-/// A time of day as strace's `-ttt` prints it, written straight into the line.
-struct Time(i128);
+/// A time of day as strace's `-ttt` prints it (nanoseconds since the epoch), written straight
+/// into the line.
+struct Time(u64);
 
 impl std::fmt::Display for Time {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
