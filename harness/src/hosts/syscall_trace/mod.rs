@@ -225,6 +225,17 @@ mod kernel {
         })
     }
 
+    #[cfg(test)]
+    #[test]
+    fn a_format_file_declares_a_field_by_its_whole_name() {
+        let format = "name: io_uring_file_get\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\n\tfield:void * req;\toffset:16;\tsize:8;\n\tfield:u64 user_data_req;\toffset:24;\tsize:8;\n\tfield:int fd;\toffset:32;\tsize:4;\n\nprint fmt: \"req %p\", REC->req\n";
+        assert!(has_field(format, "req"));
+        assert!(has_field(format, "fd"));
+        assert!(has_field(format, "user_data_req"));
+        assert!(!has_field(format, "user_data"));
+        assert!(!has_field(format, "opcode"));
+    }
+
     /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
     fn raise_memlock() {
         let _ = nix::sys::resource::setrlimit(
