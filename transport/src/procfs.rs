@@ -44,10 +44,10 @@ fn read_small(path: &str) -> Option<String> {
     let mut buf = vec![0u8; 1024];
     let mut len = 0;
     loop {
-        let n = file.read(&mut buf[len..]).ok()?;
-        len += n;
-        // A read that did not fill the buffer returned the rest of a /proc file.
-        if n == 0 || len < buf.len() {
+        len += file.read(&mut buf[len..]).ok()?;
+        // A read that did not fill the buffer returned the rest of a /proc file (its end
+        // included: a /proc file is made whole for its first read).
+        if len < buf.len() {
             break;
         }
         buf.resize(buf.len() * 2, 0);

@@ -82,7 +82,7 @@ pub struct Renderer {
     pending: BTreeMap<u32, Event>,
     /// Each error's text, made once: libc's message goes through its locale lookup, and a
     /// sync marker's EINVAL comes back thousands of times a second.
-    errors: BTreeMap<i64, String>,
+    errors: BTreeMap<i32, String>,
 }
 
 impl Renderer {
@@ -237,13 +237,15 @@ impl Renderer {
         );
     }
 
+    /// `-1 EBADF (Bad file descriptor)` for an error, the number otherwise.
     fn ret_text(&mut self, ret: i64) -> String {
-        if ret >= 0 {
+        if !(-4095..0).contains(&ret) {
             return ret.to_string();
         }
+        let errno = (-ret) as i32;
         self.errors
-            .entry(ret)
-            .or_insert_with(|| ret_text(ret))
+            .entry(errno)
+            .or_insert_with(|| error_text(errno))
             .clone()
     }
 
@@ -312,16 +314,11 @@ fn uring_op_name(op: u64) -> String {
     }
 }
 
-/// `-1 EBADF (Bad file descriptor)` for an error, the number otherwise.
-fn ret_text(ret: i64) -> String {
-    if (-4095..0).contains(&ret) {
-        let errno = (-ret) as i32;
-        let msg = std::io::Error::from_raw_os_error(errno).to_string();
-        let msg = msg.split(" (os error").next().unwrap_or("").to_string();
-        format!("-1 {} ({msg})", errno_name(errno))
-    } else {
-        ret.to_string()
-    }
+/// `-1 EBADF (Bad file descriptor)`.
+fn error_text(errno: i32) -> String {
+    let msg = std::io::Error::from_raw_os_error(errno).to_string();
+    let msg = msg.split(" (os error").next().unwrap_or("");
+    format!("-1 {} ({msg})", errno_name(errno))
 }
 
 fn errno_name(e: i32) -> String {
