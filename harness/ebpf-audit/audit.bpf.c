@@ -52,12 +52,18 @@ static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) = (
 static const __u32 ARG_AT[6] = {56, 48, 40, 0, 16, 8}; // di, si, dx, r10, r8, r9
 #define NR_AT 120                                       // orig_ax
 #define NR_SIZE 8
+#define NR_PRCTL 157
+#define NR_EXECVE 59
+#define NR_EXECVEAT 322
 #elif defined(WRINGER_ARCH_aarch64)
 // At entry x0 still holds the first argument (orig_x0 keeps it once x0 holds the result).
 #define ARGS_FROM 0
 static const __u32 ARG_AT[6] = {0, 8, 16, 24, 32, 40}; // x0..x5
 #define NR_AT 280                                       // syscallno
 #define NR_SIZE 4
+#define NR_PRCTL 167
+#define NR_EXECVE 221
+#define NR_EXECVEAT 281
 #else
 #error "the eBPF audit knows the syscall registers of x86_64 and aarch64 only"
 #endif
@@ -113,6 +119,8 @@ struct event {
     __s64 ret;
     __u32 cap_len[2];
     __u8 cap[2][CAPTURE];
+    // Where the program called it from (the sync observer's slot), or 0.
+    __u64 site;
 };
 
 // Processes whose syscalls are recorded (tgid -> 1), and the tracer's own (tgid -> 2): its
@@ -193,6 +201,43 @@ struct {
     __type(value, struct uring_req);
 } uring SEC(".maps");
 
+// Each observed thread's call-site slot (the sync observer's `struct call_site`, told by its
+// SYNC_SITE_SLOT marker): tid -> its address in the thread's process. Dropped at the thread's
+// end and at an execve, so a reused tid never reads another program's memory.
+#define SYNC_MARKER 0x57534e43
+#define SYNC_SITE_SLOT 9
+struct call_site {
+    __u64 site;
+    __u64 first;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u64);
+} site_slots SEC(".maps");
+
+// The site of the call the thread is in, when its slot names a call whose first argument is
+// this syscall's (else a raw syscall made meanwhile, by a signal handler say, would take it).
+static __attribute__((always_inline)) __u64 site_of(__u32 me, __u64 first) {
+    __u64 *slot = bpf_map_lookup_elem(&site_slots, &me);
+    if (!slot)
+        return 0;
+    struct call_site cs = {0};
+    if (bpf_probe_read_user(&cs, sizeof cs, (void *)*slot) < 0)
+        return 0;
+    return (__u32)cs.first == (__u32)first ? cs.site : 0;
+}
+
+// The slot's bookkeeping, at a syscall's entry: told by a marker, forgotten at an execve.
+static __attribute__((always_inline)) void keep_slot(__u32 me, long id, __u64 *args) {
+    if (id == NR_PRCTL && args[0] == SYNC_MARKER && args[1] == SYNC_SITE_SLOT)
+        bpf_map_update_elem(&site_slots, &me, &args[2], BPF_ANY);
+    else if (id == NR_EXECVE || id == NR_EXECVEAT)
+        bpf_map_delete_elem(&site_slots, &me);
+}
+
 static void count_lost(__u32 which) {
     __u64 *n = bpf_map_lookup_elem(&lost, &which);
     if (n)
@@ -260,6 +305,7 @@ static __attribute__((always_inline)) struct event *reserve(__u64 pid_tgid, __u3
     e->ret = 0;
     e->cap_len[0] = 0;
     e->cap_len[1] = 0;
+    e->site = 0;
     for (int i = 0; i < 6; i++)
         e->args[i] = 0;
     return e;
@@ -296,6 +342,7 @@ int on_enter(struct raw_args *ctx) {
     struct args a;
     syscall_args((void *)ctx->args[0], a.v);
     __u32 me = (__u32)pid_tgid;
+    keep_slot(me, id, a.v);
     struct spin *sp = bpf_map_lookup_elem(&spinning, &me);
     if (!sp) {
         struct spin fresh = {0};
@@ -321,6 +368,7 @@ int on_enter(struct raw_args *ctx) {
         return 0;
     for (int i = 0; i < 6; i++)
         e->args[i] = a.v[i];
+    e->site = site_of(me, a.v[0]);
     read_capture(e, c, 0, AT_ENTER);
     read_capture(e, c, 1, AT_ENTER);
     if (read_at_exit(c))
@@ -355,6 +403,7 @@ int on_exit(struct raw_args *ctx) {
             if (kept)
                 for (int i = 0; i < 6; i++)
                     in->args[i] = kept->v[i];
+            in->site = site_of(me, in->args[0]);
             read_capture(in, c, 0, AT_ENTER);
             read_capture(in, c, 1, AT_ENTER);
             submit(in);
@@ -409,6 +458,7 @@ int on_task_exit(struct raw_args *ctx) {
     __u32 tid = (__u32)pid_tgid;
     bpf_map_delete_elem(&entered, &tid);
     bpf_map_delete_elem(&spinning, &tid);
+    bpf_map_delete_elem(&site_slots, &tid);
     struct event *e = reserve(pid_tgid, THREAD_EXIT, -1);
     if (e)
         submit(e);

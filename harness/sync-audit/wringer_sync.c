@@ -21,9 +21,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,6 +45,7 @@ enum {
     SYNC_DROP = 6,    /* the thread let a lock go */
     SYNC_END = 7,     /* the thread ends (object: its pthread_t): a release its join acquires */
     SYNC_START = 8,   /* the thread starts (object: its pthread_t): whom a join of it waits for */
+    SYNC_SITE_SLOT = 9, /* where this thread keeps its descriptor call's site (object: the slot) */
 };
 
 /* What a SYNC_WAIT waits for (its aux), plus WAIT_TIMED when the wait has a deadline. */
@@ -287,9 +292,42 @@ done:
     errno = saved;
 }
 
+/* Descriptor calls' call sites. A finding about a descriptor names the calls on it (a read
+ * not ordered before a close); where they were made is what a person fixes. Each descriptor
+ * call below notes, while it runs, where it was called from and its first argument, in a
+ * thread-local slot whose address the thread tells the recorder once (SYNC_SITE_SLOT). The
+ * eBPF recorder reads the slot at the syscall's entry and keeps the site when the syscall's
+ * first argument is the call's (so a signal handler's raw syscall meanwhile gets none): no
+ * syscall per call, one marker per thread. strace cannot read it, and gives no sites. */
+struct call_site {
+    uint64_t site;
+    uint64_t first;
+};
+static __thread struct call_site here __attribute__((tls_model("initial-exec")));
+static __thread int here_told __attribute__((tls_model("initial-exec")));
+
+/* A forked child's thread has a new id, and must tell its slot again. */
+static void forget_slot(void)
+{
+    here_told = 0;
+}
+
+static inline struct call_site calling(uint64_t first, const void *site)
+{
+    struct call_site prev = here;
+    if (!here_told) {
+        here_told = 1;
+        mark(SYNC_SITE_SLOT, &here, NULL);
+    }
+    here.first = first;
+    here.site = (uint64_t)(uintptr_t)site;
+    return prev;
+}
+
 __attribute__((constructor)) static void attach(void)
 {
     mark(SYNC_ATTACH, (void *)(uintptr_t)getpid(), NULL);
+    pthread_atfork(NULL, NULL, forget_slot);
     save_maps();
 }
 
@@ -493,3 +531,54 @@ int pthread_tryjoin_np(pthread_t t, void **r)
         mark(SYNC_ACQUIRE, (void *)t, SITE);
     return e;
 }
+
+/* A descriptor call as the program made it, with its site noted while it runs (the previous
+ * one put back after: a signal handler's call nests). `first` is the first argument as the
+ * syscall receives it. */
+#define UNPAREN(...) __VA_ARGS__
+#define AROUND(ret, name, params, args, first)                                                 \
+    REAL(ret, name, UNPAREN params)                                                            \
+    ret name(UNPAREN params)                                                                   \
+    {                                                                                          \
+        struct call_site prev = calling((uint64_t)(first), SITE);                              \
+        ret r = get_##name()(UNPAREN args);                                                    \
+        here = prev;                                                                           \
+        return r;                                                                              \
+    }
+
+AROUND(ssize_t, read, (int fd, void *b, size_t n), (fd, b, n), fd)
+AROUND(ssize_t, write, (int fd, const void *b, size_t n), (fd, b, n), fd)
+AROUND(ssize_t, readv, (int fd, const struct iovec *v, int n), (fd, v, n), fd)
+AROUND(ssize_t, writev, (int fd, const struct iovec *v, int n), (fd, v, n), fd)
+AROUND(ssize_t, pread, (int fd, void *b, size_t n, off_t o), (fd, b, n, o), fd)
+AROUND(ssize_t, pwrite, (int fd, const void *b, size_t n, off_t o), (fd, b, n, o), fd)
+AROUND(ssize_t, pread64, (int fd, void *b, size_t n, off64_t o), (fd, b, n, o), fd)
+AROUND(ssize_t, pwrite64, (int fd, const void *b, size_t n, off64_t o), (fd, b, n, o), fd)
+AROUND(ssize_t, recv, (int fd, void *b, size_t n, int f), (fd, b, n, f), fd)
+AROUND(ssize_t, recvfrom,
+       (int fd, void *b, size_t n, int f, struct sockaddr *a, socklen_t *l),
+       (fd, b, n, f, a, l), fd)
+AROUND(ssize_t, recvmsg, (int fd, struct msghdr *m, int f), (fd, m, f), fd)
+AROUND(int, recvmmsg, (int fd, struct mmsghdr *m, unsigned int n, int f, struct timespec *t),
+       (fd, m, n, f, t), fd)
+AROUND(ssize_t, send, (int fd, const void *b, size_t n, int f), (fd, b, n, f), fd)
+AROUND(ssize_t, sendto,
+       (int fd, const void *b, size_t n, int f, const struct sockaddr *a, socklen_t l),
+       (fd, b, n, f, a, l), fd)
+AROUND(ssize_t, sendmsg, (int fd, const struct msghdr *m, int f), (fd, m, f), fd)
+AROUND(int, sendmmsg, (int fd, struct mmsghdr *m, unsigned int n, int f), (fd, m, n, f), fd)
+AROUND(int, poll, (struct pollfd *p, nfds_t n, int t), (p, n, t), (uintptr_t)p)
+AROUND(int, ppoll, (struct pollfd *p, nfds_t n, const struct timespec *t, const sigset_t *s),
+       (p, n, t, s), (uintptr_t)p)
+AROUND(int, epoll_wait, (int fd, struct epoll_event *e, int n, int t), (fd, e, n, t), fd)
+AROUND(int, epoll_pwait, (int fd, struct epoll_event *e, int n, int t, const sigset_t *s),
+       (fd, e, n, t, s), fd)
+AROUND(int, epoll_ctl, (int fd, int op, int on, struct epoll_event *e), (fd, op, on, e), fd)
+AROUND(int, accept, (int fd, struct sockaddr *a, socklen_t *l), (fd, a, l), fd)
+AROUND(int, accept4, (int fd, struct sockaddr *a, socklen_t *l, int f), (fd, a, l, f), fd)
+AROUND(int, connect, (int fd, const struct sockaddr *a, socklen_t l), (fd, a, l), fd)
+AROUND(int, shutdown, (int fd, int how), (fd, how), fd)
+AROUND(int, close, (int fd), (fd), fd)
+AROUND(int, dup2, (int from, int to), (from, to), from)
+AROUND(int, dup3, (int from, int to, int f), (from, to, f), from)
+AROUND(int, close_range, (unsigned int first, unsigned int last, int f), (first, last, f), first)

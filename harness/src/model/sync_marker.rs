@@ -6,6 +6,10 @@
 /// prctl's first argument for a marker ("WSNC"); the kernel answers EINVAL and does nothing.
 pub const SYNC_MARKER: u64 = 0x5753_4e43;
 
+/// The kind of the marker the eBPF recorder writes before a call whose call site changed:
+/// `prctl(SYNC_MARKER, CALL_SITE, syscall number, site, 0)`.
+pub const CALL_SITE: u64 = 10;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
     /// The observer is loaded in this process: its pthread operations are all reported.
@@ -24,6 +28,11 @@ pub enum SyncKind {
     End,
     /// The thread starts (object: its pthread_t): whom a join of that handle waits for.
     Start,
+    /// Where the thread keeps its descriptor calls' site (for the eBPF recorder to read).
+    SiteSlot,
+    /// From the recorder: this thread's calls of one syscall (object: its number) are made
+    /// from `site` (0: from no place the observer saw) until the next such marker.
+    CallSite,
 }
 
 /// What a `Wait` waits for (its `aux`).
@@ -114,6 +123,8 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
         6 => SyncKind::Drop,
         7 => SyncKind::End,
         8 => SyncKind::Start,
+        9 => SyncKind::SiteSlot,
+        CALL_SITE => SyncKind::CallSite,
         _ => return None,
     };
     Some(SyncMarker {
@@ -156,7 +167,7 @@ mod tests {
     #[test]
     fn other_prctls_and_unknown_kinds_are_not_markers() {
         assert_eq!(parse("PR_SET_NAME, \"wringer-rx-7\""), None);
-        assert_eq!(parse("0x57534e43 /* PR_??? */, 0x9, 0x1, 0, 0"), None);
+        assert_eq!(parse("0x57534e43 /* PR_??? */, 0xb, 0x1, 0, 0"), None);
         assert_eq!(parse("0x1234 /* PR_??? */, 0x2, 0x1, 0, 0"), None);
     }
 }

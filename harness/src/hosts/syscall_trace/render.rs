@@ -7,7 +7,7 @@ use std::fmt::Write;
 use super::table::{self, Syscall};
 
 /// Bytes in one event (`struct event` in `audit.bpf.c`).
-pub const EVENT_SIZE: usize = 344;
+pub const EVENT_SIZE: usize = 352;
 const CAPTURE: usize = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -33,6 +33,8 @@ pub struct Event {
     pub args: [u64; 6],
     pub ret: i64,
     pub captures: [Vec<u8>; 2],
+    /// Where the program called it from (the sync observer's slot), or 0.
+    pub site: u64,
 }
 
 impl Event {
@@ -64,6 +66,7 @@ impl Event {
             args: std::array::from_fn(|i| u64_at(24 + 8 * i)),
             ret: u64_at(72) as i64,
             captures: [cap(0), cap(1)],
+            site: u64_at(344),
         })
     }
 }
@@ -83,6 +86,9 @@ pub struct Renderer {
     /// Each error's text, made once: libc's message goes through its locale lookup, and a
     /// sync marker's EINVAL comes back thousands of times a second.
     errors: BTreeMap<i32, String>,
+    /// The call site last told per thread and syscall: a marker line goes before a call only
+    /// when its site differs, so a loop from one place costs one line.
+    sites: BTreeMap<(u32, i64), u64>,
 }
 
 impl Renderer {
@@ -93,6 +99,7 @@ impl Renderer {
             epoch_offset_ns,
             pending: BTreeMap::new(),
             errors: BTreeMap::new(),
+            sites: BTreeMap::new(),
         }
     }
 
@@ -154,6 +161,7 @@ impl Renderer {
                 let Some(s) = table::by_nr(e.nr) else { return };
                 match self.pending.remove(&e.tid) {
                     Some(p) if p.nr == e.nr => {
+                        self.tell_site(s, &p, out);
                         let args = args_text(s, &p, Some(&e));
                         let _ = writeln!(
                             out,
@@ -194,6 +202,7 @@ impl Renderer {
                     self.print_unfinished(e.tid, out);
                 }
                 let _ = writeln!(out, "{} {} +++ exited +++", e.tid, self.time(e.ts));
+                self.sites.retain(|(t, _), _| *t != e.tid);
             }
         }
     }
@@ -227,6 +236,7 @@ impl Renderer {
         let Some(s) = table::by_nr(p.nr) else {
             return;
         };
+        self.tell_site(s, &p, out);
         let _ = writeln!(
             out,
             "{} {} {}({} <unfinished ...>",
@@ -234,6 +244,31 @@ impl Renderer {
             self.time(p.ts),
             s.name,
             args_text(s, &p, None)
+        );
+    }
+
+    /// Before a call's first line: its call site, as a marker the checker reads like the sync
+    /// observer's (`prctl(SYNC_MARKER, CALL_SITE, nr, site, 0)`), when it is not the one this
+    /// thread's calls of that syscall had last (0: none known).
+    fn tell_site(&mut self, s: &Syscall, p: &Event, out: &mut String) {
+        let last = self.sites.get(&(p.tid, s.nr)).copied().unwrap_or(0);
+        if p.site == last {
+            return;
+        }
+        if p.site == 0 {
+            self.sites.remove(&(p.tid, s.nr));
+        } else {
+            self.sites.insert((p.tid, s.nr), p.site);
+        }
+        let _ = writeln!(
+            out,
+            "{} {} prctl({:#x} /* PR_??? */, {:#x}, {}, {:#x}, 0) = -1 EINVAL (Invalid argument)",
+            p.tid,
+            self.time(p.ts),
+            crate::model::sync_marker::SYNC_MARKER,
+            crate::model::sync_marker::CALL_SITE,
+            s.nr,
+            p.site
         );
     }
 

@@ -157,8 +157,10 @@ impl Audit<'_> {
                         pid,
                         Some(fd),
                         format!(
-                            "thread {tid} called {name}() on fd {fd} after its close (line {})",
-                            c + 1
+                            "thread {tid} called {name}(){} on fd {fd} after its close (line {}{})",
+                            self.site(i),
+                            c + 1,
+                            self.site(c)
                         ),
                         i,
                         &[c],
@@ -203,11 +205,12 @@ impl Audit<'_> {
                     pid,
                     Some(fd),
                     format!(
-                        "thread {tid} {verb} fd {fd} while an io_uring {op} submitted by thread \
+                        "thread {tid} {verb} fd {fd}{} while an io_uring {op} submitted by thread \
                          {by} (line {}) was still in flight on it: the operation keeps the \
                          descriptor's file (and its peer) alive past the close and completes \
                          later; cancel it (IORING_OP_ASYNC_CANCEL) and wait for its completion \
                          before the close",
+                        self.site(i),
                         at + 1
                     ),
                     i,
@@ -225,7 +228,9 @@ impl Audit<'_> {
                     pid,
                     Some(fd),
                     format!(
-                        "thread {tid} {verb} fd {fd} while thread {other} was inside {name}() {on}"
+                        "thread {tid} {verb} fd {fd}{} while thread {other} was inside {name}(){} {on}",
+                        self.site(i),
+                        self.site(at)
                     ),
                     i,
                     &[at],
@@ -260,7 +265,10 @@ impl Audit<'_> {
                     "close before the receiver is done",
                     pid,
                     Some(fd),
-                    format!("thread {tid} {verb} fd {fd} while thread {r}, its receiver, had not exited"),
+                    format!(
+                        "thread {tid} {verb} fd {fd}{} while thread {r}, its receiver, had not exited",
+                        self.site(i)
+                    ),
                     i,
                     &[],
                 );
@@ -318,10 +326,12 @@ impl Audit<'_> {
             pid,
             Some(fd),
             format!(
-                "thread {tid} closed fd {fd} again: thread {by} had closed it (line {}), and the \
-                 close failed with EBADF; had the number been reopened in between, it would \
+                "thread {tid} closed fd {fd} again{}: thread {by} had closed it (line {}{}), and \
+                 the close failed with EBADF; had the number been reopened in between, it would \
                  have closed someone else's descriptor",
-                closed + 1
+                self.site(i),
+                closed + 1,
+                self.site(closed)
             ),
             i,
             &[closed],
@@ -398,9 +408,10 @@ impl Audit<'_> {
             pid,
             Some(fd),
             format!(
-                "thread {tid} {how} fd {fd} with {name}() through a stale handle: the descriptor \
-                 it held was closed by thread {closer} and the number reopened by thread {}, and \
-                 nothing orders this call after that reopening",
+                "thread {tid} {how} fd {fd} with {name}(){} through a stale handle: the \
+                 descriptor it held was closed by thread {closer} and the number reopened by \
+                 thread {}, and nothing orders this call after that reopening",
+                self.site(i),
                 made.tid
             ),
             i,
@@ -432,10 +443,12 @@ impl Audit<'_> {
                 pid,
                 Some(fd),
                 format!(
-                    "thread {tid} {verb} fd {fd}, and nothing orders thread {other}'s {call}({fd}) \
-                     (line {}) before it: no join, lock, condition, semaphore or message between \
-                     them, so in another run that {call} comes after the close",
-                    line + 1
+                    "thread {tid} {verb} fd {fd}{}, and nothing orders thread {other}'s \
+                     {call}({fd}) (line {}{}) before it: no join, lock, condition, semaphore or \
+                     message between them, so in another run that {call} comes after the close",
+                    self.site(i),
+                    line + 1,
+                    self.site(line)
                 ),
                 i,
                 &[line],

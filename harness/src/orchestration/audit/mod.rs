@@ -231,6 +231,11 @@ struct Audit<'a> {
     /// io_uring operations in flight, by process and request: who submitted it, on which
     /// descriptor, what, and where.
     uring: BTreeMap<(u32, u64), InFlight>,
+    /// Per thread, the call site its calls of each syscall come from, as the eBPF recorder
+    /// told it (its `CallSite` markers).
+    sites: BTreeMap<u32, Vec<(&'static str, u64)>>,
+    /// The call site of the call that starts on each line, where one is known.
+    line_sites: BTreeMap<usize, u64>,
 }
 
 /// An io_uring operation that took its descriptor and has not completed.
@@ -283,6 +288,25 @@ impl Audit<'_> {
             let Some((tid, ev)) = parse_line(line) else {
                 continue;
             };
+            if let Event::Call {
+                name: "prctl",
+                args,
+                ..
+            } = &ev
+            {
+                // The recorder's call-site bookkeeping is no call of the program's.
+                match sync_marker::parse(args).map(|m| (m.kind, m)) {
+                    Some((SyncKind::CallSite, m)) => {
+                        self.site_told(tid, m.object as i64, m.site);
+                        continue;
+                    }
+                    Some((SyncKind::SiteSlot, _)) => continue,
+                    _ => {}
+                }
+            }
+            if let Event::Call { name, .. } | Event::Started { name, .. } = &ev {
+                self.note_site(tid, name, i);
+            }
             let pid = *self.tgid.entry(tid).or_insert(tid);
             self.inherit(pid);
             if matches!(ev, Event::Call { .. } | Event::Started { .. }) {
@@ -337,6 +361,9 @@ impl Audit<'_> {
                 }
                 Event::Resumed { name, args, ret } => {
                     if let Some(call) = self.inside.remove(&tid).filter(|c| c.name == name) {
+                        if let Some(site) = self.line_sites.get(&call.line).copied() {
+                            self.line_sites.insert(i, site);
+                        }
                         // Usage was noted when it started; its effects count where it returned,
                         // with what the call wrote (fds) or sent, when printed only then.
                         // strace prints only the rest there (`[3, 4]) = 0`), after the flags
@@ -365,6 +392,7 @@ impl Audit<'_> {
                     }
                     self.hb.release(tid, Object::ProcessEnd(pid));
                     self.inside.remove(&tid);
+                    self.sites.remove(&tid);
                     if let Some(p) = self.procs.get_mut(&pid) {
                         p.threads.remove(&tid);
                     }
@@ -423,6 +451,37 @@ impl Audit<'_> {
             }
         }
         self.out
+    }
+
+    /// The recorder says `tid`'s calls of syscall `nr` come from `site` (0: unknown) from now.
+    fn site_told(&mut self, tid: u32, nr: i64, site: u64) {
+        let Some(name) = crate::hosts::syscall_trace::table::by_nr(nr).map(|s| s.name) else {
+            return;
+        };
+        let told = self.sites.entry(tid).or_default();
+        told.retain(|(n, _)| *n != name);
+        if site != 0 {
+            told.push((name, site));
+        }
+    }
+
+    /// Where the call `tid` starts on line `i` was made, when the recorder said.
+    fn note_site(&mut self, tid: u32, name: &str, i: usize) {
+        if let Some((_, site)) = self
+            .sites
+            .get(&tid)
+            .and_then(|told| told.iter().find(|(n, _)| *n == name))
+        {
+            self.line_sites.insert(i, *site);
+        }
+    }
+
+    /// ` at 0x55d0…` for the call on line `i`, where its call site is known (the report names
+    /// it as function and file:line); else nothing.
+    fn site(&self, i: usize) -> String {
+        self.line_sites
+            .get(&i)
+            .map_or_else(String::new, |a| format!(" at {a:#x}"))
     }
 
     /// A call that completed on one line.

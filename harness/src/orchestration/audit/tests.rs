@@ -112,6 +112,58 @@ fn probes_and_a_new_image_are_not_uses_after_close() {
     );
 }
 
+/// The eBPF recorder's call-site markers (`CALL_SITE`, syscall number, site) before calls.
+fn site_marker(tid: u32, call: &str, site: u64) -> String {
+    let nr = crate::hosts::syscall_trace::table::recorded(true)
+        .find(|s| s.name == call)
+        .unwrap()
+        .nr;
+    format!("{tid} 1.0 {M}, 0xa, {nr}, {site:#x}, 0) = -1 EINVAL (Invalid argument)\n")
+}
+
+#[test]
+fn a_finding_names_the_call_sites_the_recorder_told_and_only_for_their_syscall() {
+    let trace = read_then(false)
+        .replace(
+            "101 1.002 read(",
+            &format!("{}101 1.002 read(", site_marker(101, "read", 0x5500_1234)),
+        )
+        .replace(
+            "100 1.007 close(",
+            &format!(
+                "{}{}100 1.007 close(",
+                site_marker(100, "close", 0x5500_5678),
+                site_marker(100, "write", 0x5500_9999)
+            ),
+        );
+    let v = analyse(&trace, LIFECYCLE);
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert!(
+        v[0].detail.contains("closed fd 7 at 0x55005678, and nothing orders thread 101's read(7) (line 5 at 0x55001234)"),
+        "{}",
+        v[0].detail
+    );
+    assert!(!v[0].detail.contains("0x55009999"), "{}", v[0].detail);
+    // A site of 0 says the calls from here on come from nowhere the observer saw.
+    let cleared = trace.replace(
+        "100 1.007 close(",
+        &format!("{}100 1.007 close(", site_marker(100, "close", 0)),
+    );
+    let v = analyse(&cleared, LIFECYCLE);
+    assert!(
+        v[0].detail.contains("closed fd 7, and nothing orders")
+            && !v[0].detail.contains("0x55005678"),
+        "{}",
+        v[0].detail
+    );
+    // The markers change no verdict: the joined twin stays clean.
+    let joined = read_then(true).replace(
+        "100 1.007 close(",
+        &format!("{}100 1.007 close(", site_marker(100, "close", 0x5500_5678)),
+    );
+    assert_eq!(checks_of(&joined, LIFECYCLE), Vec::<&str>::new());
+}
+
 #[test]
 fn a_second_close_by_the_holder_is_a_double_close_and_a_sweep_is_not() {
     let head = "100 1.000 socket(AF_INET, SOCK_STREAM, IPPROTO_IP) = 5\n\

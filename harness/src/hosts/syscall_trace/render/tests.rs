@@ -10,6 +10,7 @@ fn ev(tid: u32, kind: Kind, name: &str, args: [u64; 6], ret: i64) -> Event {
         args,
         ret,
         captures: [vec![], vec![]],
+        site: 0,
     }
 }
 
@@ -145,4 +146,42 @@ fn a_record_of_the_kernel_sides_size_decodes_and_a_short_one_does_not() {
     assert_eq!((e.tid, e.kind, e.ret), (42, Kind::Exit, -9));
     assert_eq!(e.captures[0], b"abc");
     assert!(Event::decode(&b[..100]).is_none());
+}
+
+#[test]
+fn a_call_site_is_told_before_a_call_when_it_changes_and_only_then() {
+    let mut r = Renderer::new(100, 0);
+    let mut out = String::new();
+    started(&mut r, &mut out);
+    let call = |r: &mut Renderer, out: &mut String, site: u64| {
+        let mut e = ev(101, Kind::Enter, "read", [7, 0, 8, 0, 0, 0], 0);
+        e.site = site;
+        r.feed(e, out);
+        r.feed(ev(101, Kind::Exit, "read", [7, 0, 8, 0, 0, 0], 1), out);
+    };
+    call(&mut r, &mut out, 0x55aa);
+    call(&mut r, &mut out, 0x55aa);
+    call(&mut r, &mut out, 0x66bb);
+    call(&mut r, &mut out, 0);
+    call(&mut r, &mut out, 0);
+    let nr = table::recorded(true).find(|s| s.name == "read").unwrap().nr;
+    let lines: Vec<&str> = out.lines().skip(1).collect();
+    let marker = |site: &str| {
+        format!("101 1.000000 prctl(0x57534e43 /* PR_??? */, 0xa, {nr}, {site}, 0) = -1 EINVAL (Invalid argument)")
+    };
+    assert_eq!(lines.len(), 8, "{out}");
+    assert_eq!(lines[0], marker("0x55aa"));
+    assert!(
+        lines[1].contains("read(7") && lines[2].contains("read(7"),
+        "{out}"
+    );
+    assert_eq!(lines[3], marker("0x66bb"));
+    assert_eq!(lines[5], marker("0x0"));
+    assert!(
+        lines[6].contains("read(7") && lines[7].contains("read(7"),
+        "{out}"
+    );
+    // A thread's told sites end with it.
+    r.feed(ev(101, Kind::ThreadExit, "read", [0; 6], 0), &mut out);
+    assert!(r.sites.is_empty());
 }
