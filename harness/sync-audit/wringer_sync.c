@@ -306,10 +306,12 @@ struct call_site {
 static __thread struct call_site here __attribute__((tls_model("initial-exec")));
 static __thread int here_told __attribute__((tls_model("initial-exec")));
 
-/* A forked child's thread has a new id, and must tell its slot again. */
+/* A forked child's thread has a new id: it tells its slot again, and its handle (the child's
+ * main thread, which no pthread_create started). */
 static void forget_slot(void)
 {
     here_told = 0;
+    mark(SYNC_START, (void *)pthread_self(), NULL);
 }
 
 static inline struct call_site calling(uint64_t first, const void *site)
@@ -327,6 +329,8 @@ static inline struct call_site calling(uint64_t first, const void *site)
 __attribute__((constructor)) static void attach(void)
 {
     mark(SYNC_ATTACH, (void *)(uintptr_t)getpid(), NULL);
+    /* The main thread's handle, so that a join of it names whom it waits for. */
+    mark(SYNC_START, (void *)pthread_self(), NULL);
     pthread_atfork(NULL, NULL, forget_slot);
     save_maps();
 }

@@ -106,3 +106,74 @@ fn a_forced_deadlock_s_verdict_names_its_cycle() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A hang that happens, with `checks`: the run fails, and its verdict says each of `says`
+/// (with eBPF also each of `sites`, the calls' call sites); the twin ends and passes.
+fn hangs_and_is_named(name: &str, checks: &[&str], says: &[&str], sites: &[&str]) {
+    let dir = scratch("waits", name);
+    let broken = build_fixture(&dir, "waits", name, false);
+    let twin = build_fixture(&dir, "waits", name, true);
+    for backend in ["ebpf", "strace"] {
+        let report = dir.join(format!("report-{backend}"));
+        let mut args = vec!["--audit-backend", backend, "--deadline", "5s"];
+        for c in checks {
+            args.extend(["--check", c]);
+        }
+        let (code, scenario) = audit_once(&report, &broken, &args);
+        assert_eq!(code, 1, "{name} ({backend})");
+        let summary = scenario["evidence"]["failures"].to_string();
+        let sites = sites.iter().filter(|_| backend == "ebpf");
+        for s in says
+            .iter()
+            .map(|s| s.to_string())
+            .chain(sites.map(|s| format!("{name}.c:{s}")))
+        {
+            assert!(
+                summary.contains(&s),
+                "{name} ({backend}): no {s:?} in {summary}"
+            );
+        }
+        // The harness's own tool (gdb, taking the stacks) is never judged as the program.
+        assert!(!summary.contains("gdb"), "{name} ({backend}): {summary}");
+        let (failed, text) = audit_repeats(&dir, &twin, backend, checks, 2);
+        assert_eq!(failed, 0, "{name}'s twin ({backend}): {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plain mutex taken again by the thread that holds it: a wait-for cycle of one.
+#[test]
+fn a_thread_that_locks_what_it_holds() {
+    hangs_and_is_named(
+        "relock",
+        &["waits"],
+        &["the run hung in a wait-for cycle", "which it holds itself"],
+        &["9)", "20)"],
+    );
+}
+
+/// Two threads joining each other, the main thread one of them.
+#[test]
+fn two_threads_that_join_each_other() {
+    hangs_and_is_named(
+        "join_cycle",
+        &["waits"],
+        &["the run hung in a wait-for cycle", "which has not ended"],
+        &[],
+    );
+}
+
+/// Two processes blocked writing to each other (no locks, no threads): each blocked write is
+/// named as it was when the run was found hung (gdb's attach may end a write short).
+#[test]
+fn two_processes_that_write_to_each_other_first() {
+    hangs_and_is_named(
+        "pipe_cycle",
+        &["unbounded-waits"],
+        &[
+            "was still inside write()",
+            "with no timeout when the run was found hung",
+        ],
+        &["13)"],
+    );
+}

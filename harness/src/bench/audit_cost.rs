@@ -52,16 +52,21 @@ fn once(hosts: &Path, scenario: &Path, flags: &[&str], logs: &Path) -> Result<Sa
     })
 }
 
-pub fn rows(hosts: &Path, method: Method, logs: &Path) -> Vec<Row> {
+/// The rows, or with `only` just those whose measure names it.
+pub fn rows(hosts: &Path, method: Method, logs: &Path, only: Option<&str>) -> Vec<Row> {
     let mut rows = vec![];
     for &(file, goal) in SCENARIOS {
         let scenario = Path::new(file);
         let name = scenario.file_stem().unwrap_or_default().to_string_lossy();
         for (backend, goal) in [("ebpf", goal), ("strace", None)] {
+            let measure = format!("audit cost: {name}, audited by {backend} vs unaudited");
+            if !super::picked(only, &measure) {
+                continue;
+            }
             rows.push(versus(
                 method,
                 (
-                    format!("audit cost: {name}, audited by {backend} vs unaudited"),
+                    measure,
                     "s",
                     "the same scenario, unaudited",
                     goal.map(Goal::RatioAtMost),
@@ -77,10 +82,14 @@ pub fn rows(hosts: &Path, method: Method, logs: &Path) -> Vec<Row> {
                 || once(hosts, scenario, &["--no-audit"], logs),
             ));
         }
+        let measure = format!("audit cost: {name} as it ships (audited, perturbed) vs unaudited");
+        if !super::picked(only, &measure) {
+            continue;
+        }
         rows.push(versus(
             method,
             (
-                format!("audit cost: {name} as it ships (audited, perturbed) vs unaudited"),
+                measure,
                 "s",
                 "the same scenario, --no-audit",
                 goal.map(Goal::RatioAtMost),

@@ -357,7 +357,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     }
     if let Some(hosts) = &opts.audit_cost {
         return Ok(report(
-            audit_cost::rows(hosts, method, &opts.out_dir),
+            audit_cost::rows(hosts, method, &opts.out_dir, opts.only.as_deref()),
             placement,
         ));
     }

@@ -24,8 +24,9 @@ pub struct Args {
     /// Only the RDMA rows (used inside the rxe VM by `just bench-rdma`).
     #[arg(long)]
     pub rdma_only: bool,
-    /// Only the rows whose measure contains this text (for example `busy-poll`, `64 B`, or with
-    /// --rdma-only `in place 64 B`); the other measures are not run.
+    /// Only the rows whose measure contains this text (for example `busy-poll`, `64 B`, with
+    /// --rdma-only `in place 64 B`, with --audit-cost `teardown-cycles, audited by ebpf`); the
+    /// other measures are not run.
     #[arg(long)]
     pub only: Option<String>,
     /// Only the launcher rows: start --ranks ranks through this Slurm profile against

@@ -146,8 +146,34 @@ pub fn capture_stacks(pid: u32, gdb_limit: Option<Duration>) -> String {
     out
 }
 
+/// Tell the audit's recorder that the next process this thread starts is the harness's own
+/// tool (gdb, taking a hung program's stacks inside an audited rank), not the program's: the
+/// checker leaves it and its children out (`prctl(SYNC_MARKER, TOOL)`, as the sync observer's
+/// markers are). Outside an audit it is one refused prctl.
+fn next_child_is_a_tool() {
+    use crate::model::sync_marker::{SYNC_MARKER, TOOL};
+    // SAFETY: errno is this thread's own; it is read before and written back after.
+    let saved = unsafe { *libc::__errno_location() };
+    // SAFETY: prctl with an option the kernel does not know touches no memory and fails with
+    // EINVAL; its arguments are plain numbers.
+    unsafe {
+        libc::syscall(
+            libc::SYS_prctl,
+            SYNC_MARKER as libc::c_long,
+            TOOL as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        );
+        *libc::__errno_location() = saved;
+    }
+}
+
 fn gdb_backtrace(pid: u32, limit: Duration) -> String {
+    next_child_is_a_tool();
+    // The audit's observers stay out of the tool (a delay or a marker there is no evidence).
     let child = Command::new("gdb")
+        .env_remove("LD_PRELOAD")
         .args([
             "-batch",
             "-nx",

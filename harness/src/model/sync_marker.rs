@@ -10,6 +10,11 @@ pub const SYNC_MARKER: u64 = 0x5753_4e43;
 /// `prctl(SYNC_MARKER, CALL_SITE, syscall number, site, 0)`.
 pub const CALL_SITE: u64 = 10;
 
+/// The kind of the marker the harness writes before it starts a tool of its own inside an
+/// audited rank (the watchdog's gdb): `prctl(SYNC_MARKER, TOOL, 0, 0, 0)`. The next process the
+/// thread starts, and its children, are the harness's, not the program's.
+pub const TOOL: u64 = 11;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
     /// The observer is loaded in this process: its pthread operations are all reported.
@@ -33,6 +38,8 @@ pub enum SyncKind {
     /// From the recorder: this thread's calls of one syscall (object: its number) are made
     /// from `site` (0: from no place the observer saw) until the next such marker.
     CallSite,
+    /// From the harness: the next process this thread starts is its own tool.
+    Tool,
 }
 
 /// What a `Wait` waits for (its `aux`).
@@ -125,6 +132,7 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
         8 => SyncKind::Start,
         9 => SyncKind::SiteSlot,
         CALL_SITE => SyncKind::CallSite,
+        TOOL => SyncKind::Tool,
         _ => return None,
     };
     Some(SyncMarker {
@@ -167,7 +175,7 @@ mod tests {
     #[test]
     fn other_prctls_and_unknown_kinds_are_not_markers() {
         assert_eq!(parse("PR_SET_NAME, \"wringer-rx-7\""), None);
-        assert_eq!(parse("0x57534e43 /* PR_??? */, 0xb, 0x1, 0, 0"), None);
+        assert_eq!(parse("0x57534e43 /* PR_??? */, 0xc, 0x1, 0, 0"), None);
         assert_eq!(parse("0x1234 /* PR_??? */, 0x2, 0x1, 0, 0"), None);
     }
 }

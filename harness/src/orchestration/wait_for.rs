@@ -196,15 +196,23 @@ impl WaitFor {
     pub fn deadlock(&self) -> Option<WaitFinding> {
         let waits_for = |w: &Wait| -> Option<(Tid, String)> {
             match w.kind {
-                WaitKind::Lock => self.held.iter().find_map(|(t, held)| {
-                    let h = held.iter().find(|h| h.lock == w.object)?;
-                    (*t != w.tid).then(|| {
-                        (
-                            *t,
-                            format!("held by thread {t} (taken at {})", site(h.site)),
-                        )
-                    })
-                }),
+                // Another holder first; a lock only the waiter holds (a non-recursive mutex
+                // taken again, a read lock upgraded in place) is a cycle of one.
+                WaitKind::Lock => {
+                    let holding = |others: bool| {
+                        self.held.iter().find_map(|(t, held)| {
+                            let h = held.iter().find(|h| h.lock == w.object)?;
+                            ((*t != w.tid) == others).then_some((*t, h.site))
+                        })
+                    };
+                    let (t, at) = holding(true).or_else(|| holding(false))?;
+                    let whom = if t == w.tid {
+                        format!("which it holds itself (taken at {})", site(at))
+                    } else {
+                        format!("held by thread {t} (taken at {})", site(at))
+                    };
+                    Some((t, whom))
+                }
                 WaitKind::Join => {
                     let t = *self.handles.get(&w.object)?;
                     (t != w.tid).then(|| (t, format!("thread {t}, which has not ended")))
@@ -676,6 +684,40 @@ mod tests {
         let d = j.deadlock().expect("a cycle");
         assert!(
             d.detail.contains("for thread 5, which has not ended"),
+            "{}",
+            d.detail
+        );
+    }
+
+    /// A thread waiting for a lock only it holds (a plain mutex locked twice) is a cycle of
+    /// one; where another thread holds it too (read locks), that one is named instead. Two
+    /// threads that join each other are a cycle, the main thread's handle included.
+    #[test]
+    fn a_thread_waiting_for_its_own_lock_or_a_join_cycle_is_a_deadlock() {
+        let mut w = WaitFor::default();
+        w.hold(1, 0xa, 0x11, 0, false);
+        w.wait(1, WaitKind::Lock, 0xa, false, 0x12, 1);
+        let d = w.deadlock().expect("a cycle of one");
+        assert!(
+            d.detail.contains(
+                "thread 1 waits (at 0x12) for lock 0xa which it holds itself (taken at 0x11)"
+            ),
+            "{}",
+            d.detail
+        );
+        w.hold(2, 0xa, 0x21, 2, false);
+        w.wait(2, WaitKind::Lock, 0xa, false, 0x22, 3);
+        let d = w.deadlock().expect("a cycle through thread 2");
+        assert!(d.detail.contains("held by thread 2"), "{}", d.detail);
+        let mut j = WaitFor::default();
+        j.start(1, 0x7f01);
+        j.start(2, 0x7f02);
+        j.wait(1, WaitKind::Join, 0x7f02, false, 0x13, 4);
+        j.wait(2, WaitKind::Join, 0x7f01, false, 0x23, 5);
+        let d = j.deadlock().expect("a join cycle");
+        assert!(
+            d.detail.contains("for thread 2, which has not ended")
+                && d.detail.contains("for thread 1, which has not ended"),
             "{}",
             d.detail
         );

@@ -263,7 +263,13 @@ pub(super) fn unbounded(name: &str, args: &str) -> bool {
         "futex" => args.contains("FUTEX_WAIT") && args.trim_end().ends_with("NULL"),
         "poll" | "ppoll" => args.contains(", -1") || args.ends_with("NULL"),
         "epoll_wait" | "epoll_pwait" => args.contains(", -1"),
-        "recvfrom" | "recvmsg" | "read" | "accept" | "accept4" => true,
+        "select" | "pselect6" => args.split(", ").nth(4) == Some("NULL"),
+        "recvmmsg" => args.trim_end().ends_with("NULL"),
+        // A parent waiting for a child that never ends, without WNOHANG.
+        "wait4" | "waitid" => !args.contains("WNOHANG"),
+        // Reads and writes that block until a peer acts (a full pipe, an empty socket).
+        "recvfrom" | "recvmsg" | "read" | "readv" | "accept" | "accept4" | "write" | "writev"
+        | "sendto" | "sendmsg" | "sendmmsg" | "connect" | "pause" | "rt_sigsuspend" => true,
         _ => false,
     }
 }

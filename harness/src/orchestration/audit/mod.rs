@@ -236,6 +236,18 @@ struct Audit<'a> {
     sites: BTreeMap<u32, Vec<(&'static str, u64)>>,
     /// The call site of the call that starts on each line, where one is known.
     line_sites: BTreeMap<usize, u64>,
+    /// The harness's own tools and their children (see [`Lineage`]).
+    tools: BTreeSet<u32>,
+    /// What was stuck when the harness started its first tool (the watchdog's gdb, taking a
+    /// hung program's stacks): attaching it can end a blocked call (a write to a full pipe
+    /// returns short), so the hang is judged as it was then, not at the trace's end.
+    at_hang: Option<HangState>,
+}
+
+/// Calls stuck without a bound, and wait-for cycles, at one moment of a trace.
+struct HangState {
+    stuck: Vec<(u32, String, usize)>,
+    cycles: Vec<(u32, crate::orchestration::wait_for::WaitFinding)>,
 }
 
 /// An io_uring operation that took its descriptor and has not completed.
@@ -282,7 +294,8 @@ impl Audit<'_> {
     }
 
     fn run(mut self) -> Vec<Violation> {
-        (self.tgid, self.parents) = threads_of(&self.lines);
+        let lineage = threads_of(&self.lines);
+        (self.tgid, self.parents, self.tools) = (lineage.tgid, lineage.parents, lineage.tools);
         for i in 0..self.lines.len() {
             let line = self.lines[i];
             let Some((tid, ev)) = parse_line(line) else {
@@ -301,6 +314,15 @@ impl Audit<'_> {
                         continue;
                     }
                     Some((SyncKind::SiteSlot, _)) => continue,
+                    Some((SyncKind::Tool, _)) => {
+                        if self.at_hang.is_none() {
+                            // The process starting the tool is the harness's rank, waiting
+                            // for the program: its own waits are not the hang's.
+                            let rank = self.tgid.get(&tid).copied().unwrap_or(tid);
+                            self.at_hang = Some(self.hang_state(Some(rank)));
+                        }
+                        continue;
+                    }
                     _ => {}
                 }
             }
@@ -308,6 +330,9 @@ impl Audit<'_> {
                 self.note_site(tid, name, i);
             }
             let pid = *self.tgid.entry(tid).or_insert(tid);
+            if self.tools.contains(&pid) {
+                continue;
+            }
             self.inherit(pid);
             if matches!(ev, Event::Call { .. } | Event::Started { .. }) {
                 self.alive(pid);
@@ -415,42 +440,57 @@ impl Audit<'_> {
         }
         self.inherited_leaks();
         self.exit_leaks();
-        {
-            // Threads still waiting when the trace ended in a process that did not exit by
-            // itself (stopped by a watchdog or a step's deadline; a kill ends its threads
-            // without a word of theirs): a cycle among them is the hang's, named whichever
-            // checks were asked.
-            let found: Vec<(u32, crate::orchestration::wait_for::WaitFinding)> = self
-                .waits
-                .iter()
-                .filter(|(pid, _)| self.procs.get(pid).is_some_and(|p| !p.exiting))
-                .filter_map(|(pid, w)| Some((*pid, w.deadlock()?)))
-                .collect();
-            for (pid, f) in found {
-                let at = f.lines.first().copied().unwrap_or(0);
-                self.flag(f.check, pid, None, f.detail, at, &f.lines);
-            }
+        // The hang as it was when the harness took its stacks, else at the trace's end.
+        // Stacks taken mean the program was still running at its deadline: it hung.
+        let hung = self.hung || self.at_hang.is_some();
+        let (hang, when) = match self.at_hang.take() {
+            Some(h) => (h, "when the run was found hung"),
+            None => (self.hang_state(None), "when the trace ended"),
+        };
+        // A cycle among threads still waiting in a process that did not exit by itself is the
+        // hang's, named whichever checks were asked.
+        for (pid, f) in hang.cycles {
+            let at = f.lines.first().copied().unwrap_or(0);
+            self.flag(f.check, pid, None, f.detail, at, &f.lines);
         }
-        if self.hung && untimed {
-            let stuck: Vec<(u32, String, usize)> = self
-                .inside
-                .iter()
-                .filter(|(_, c)| unbounded(&c.name, &c.args))
-                .map(|(t, c)| (*t, c.name.clone(), c.line))
-                .collect();
-            for (tid, name, at) in stuck {
+        if hung && untimed {
+            for (tid, name, at) in hang.stuck {
                 let pid = *self.tgid.get(&tid).unwrap_or(&tid);
                 self.flag(
                     "wait without a bound",
                     pid,
                     None,
-                    format!("thread {tid} was still inside {name}() with no timeout when the trace ended"),
+                    format!(
+                        "thread {tid} was still inside {name}(){} with no timeout {when}",
+                        self.site(at)
+                    ),
                     at,
                     &[],
                 );
             }
         }
         self.out
+    }
+
+    /// The calls in progress with no bound, and the wait-for cycles of processes that have
+    /// not exited by themselves (stopped by a watchdog or a step's deadline; a kill ends
+    /// their threads without a word of theirs), as of now; none of process `harness`'s.
+    fn hang_state(&self, harness: Option<u32>) -> HangState {
+        let theirs = |tid: &u32| Some(self.tgid.get(tid).copied().unwrap_or(*tid)) != harness;
+        let stuck = self
+            .inside
+            .iter()
+            .filter(|(t, c)| theirs(t) && unbounded(&c.name, &c.args))
+            .map(|(t, c)| (*t, c.name.clone(), c.line))
+            .collect();
+        let cycles = self
+            .waits
+            .iter()
+            .filter(|(pid, _)| Some(**pid) != harness)
+            .filter(|(pid, _)| self.procs.get(pid).is_some_and(|p| !p.exiting))
+            .filter_map(|(pid, w)| Some((*pid, w.deadlock()?)))
+            .collect();
+        HangState { stuck, cycles }
     }
 
     /// The recorder says `tid`'s calls of syscall `nr` come from `site` (0: unknown) from now.
@@ -710,14 +750,28 @@ impl Audit<'_> {
 /// its creator's clone returns (strace and the ring buffer both show that under load), and
 /// read in one pass they would be taken for another process's.
 /// Also every process's parent.
-fn threads_of(lines: &[&str]) -> (BTreeMap<u32, u32>, BTreeMap<u32, u32>) {
+fn threads_of(lines: &[&str]) -> Lineage {
     let mut tgid: BTreeMap<u32, u32> = BTreeMap::new();
     let mut parents: BTreeMap<u32, u32> = BTreeMap::new();
     let mut started: BTreeMap<u32, &str> = BTreeMap::new();
+    let mut tools: BTreeSet<u32> = BTreeSet::new();
+    // Threads that said their next process is the harness's tool.
+    let mut starting_tool: BTreeSet<u32> = BTreeSet::new();
     for line in lines {
         let Some((tid, ev)) = parse_line(line) else {
             continue;
         };
+        if let Event::Call {
+            name: "prctl",
+            args,
+            ..
+        } = ev
+        {
+            if sync_marker::parse(args).is_some_and(|m| m.kind == SyncKind::Tool) {
+                starting_tool.insert(tid);
+                continue;
+            }
+        }
         let (name, args, ret) = match ev {
             Event::Started { name, args } if name.starts_with("clone") => {
                 started.insert(tid, args);
@@ -733,10 +787,29 @@ fn threads_of(lines: &[&str]) -> (BTreeMap<u32, u32>, BTreeMap<u32, u32>) {
                 tgid.insert(child, root);
             }
             Some((child, false)) => {
-                parents.insert(child, *tgid.get(&tid).unwrap_or(&tid));
+                let parent = *tgid.get(&tid).unwrap_or(&tid);
+                parents.insert(child, parent);
+                if starting_tool.remove(&tid) || tools.contains(&parent) {
+                    tools.insert(child);
+                }
             }
             None => {}
         }
     }
-    (tgid, parents)
+    Lineage {
+        tgid,
+        parents,
+        tools,
+    }
+}
+
+/// Who is whom in a trace, read from the whole of it first.
+struct Lineage {
+    /// Each thread's process.
+    tgid: BTreeMap<u32, u32>,
+    /// Each process's parent (a fork, not a thread).
+    parents: BTreeMap<u32, u32>,
+    /// The harness's own tools inside an audited rank (the watchdog's gdb) and their children:
+    /// not the program's, so not checked.
+    tools: BTreeSet<u32>,
 }

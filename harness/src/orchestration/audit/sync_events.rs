@@ -16,7 +16,7 @@ impl Audit<'_> {
         match m.kind {
             SyncKind::Attach => self.procs.entry(pid).or_default().observed = true,
             // The recorder's call-site bookkeeping, read before a line reaches here.
-            SyncKind::SiteSlot | SyncKind::CallSite => {}
+            SyncKind::SiteSlot | SyncKind::CallSite | SyncKind::Tool => {}
             SyncKind::Start => self.waits.entry(pid).or_default().start(tid, m.object),
             SyncKind::Release => {
                 self.hb.release(tid, object);

@@ -649,10 +649,50 @@ fn a_blocking_call_without_a_timeout_at_the_end_is_an_unbounded_wait() {
 101 1.001 futex(0x7e, FUTEX_WAIT_BITSET_PRIVATE|FUTEX_CLOCK_REALTIME, 0, {tv_sec=1, tv_nsec=0}, FUTEX_BITSET_MATCH_ANY <unfinished ...>
 102 1.002 poll([{fd=3, events=POLLIN}], 1, -1 <unfinished ...>
 103 1.003 poll([{fd=4, events=POLLIN}], 1, 500 <unfinished ...>
+104 1.004 write(5, \"\\1\\1\\1\"..., 1048576 <unfinished ...>
+105 1.005 wait4(106, 0x7ffd, 0, NULL <unfinished ...>
+107 1.006 wait4(106, 0x7ffd, WNOHANG, NULL <unfinished ...>
+108 1.007 select(4, [3], NULL, NULL, NULL <unfinished ...>
+109 1.008 select(4, [3], NULL, NULL, {tv_sec=1, tv_usec=0} <unfinished ...>
 ";
     let v = analyse(t, &[AuditCheck::UnboundedWaits]);
     let threads: Vec<u32> = v.iter().map(|v| v.pid).collect();
-    assert_eq!(threads, vec![100, 102], "{v:?}");
+    // A write to a full pipe, a wait for a child and a select with no timeout are unbounded
+    // too; WNOHANG and a timeout are not.
+    assert_eq!(threads, vec![100, 102, 104, 105, 108], "{v:?}");
+}
+
+/// The harness's tool (the watchdog's gdb, announced by its marker) is not judged, nor are the
+/// rank's own waits for the program; the program's blocked write is, as it was when the tool
+/// started, though the tool's attach ended it short afterwards.
+#[test]
+fn a_hang_is_judged_when_the_harness_takes_its_stacks_and_its_tool_is_not_judged() {
+    let t = format!(
+        "\
+100 1.000 clone3({{flags=CLONE_VM|CLONE_THREAD}} => {{parent_tid=[101]}}, 88) = 101
+100 1.001 clone(child_stack=NULL, flags=SIGCHLD) = 200
+200 1.002 write(5, \"\\1\"..., 1048576 <unfinished ...>
+101 1.003 read(7,  <unfinished ...>
+100 1.004 {M}, 0xb, 0, 0, 0) = -1 EINVAL (Invalid argument)
+100 1.005 clone(child_stack=NULL, flags=SIGCHLD) = 300
+300 1.006 futex(0x1, FUTEX_WAIT_PRIVATE, 2, NULL <unfinished ...>
+300 1.007 close(9) = -1 EBADF (Bad file descriptor)
+200 1.008 <... write resumed>) = 65536
+"
+    );
+    let v = analyse_after(
+        &t,
+        &[AuditCheck::UnboundedWaits, AuditCheck::FdLifecycle],
+        false,
+    );
+    assert_eq!(v.len(), 1, "{v:#?}");
+    assert_eq!(v[0].pid, 200);
+    assert!(
+        v[0].detail
+            .contains("inside write() with no timeout when the run was found hung"),
+        "{}",
+        v[0].detail
+    );
 }
 
 #[test]
