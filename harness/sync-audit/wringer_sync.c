@@ -28,6 +28,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -46,6 +47,7 @@ enum {
     SYNC_END = 7,     /* the thread ends (object: its pthread_t): a release its join acquires */
     SYNC_START = 8,   /* the thread starts (object: its pthread_t): whom a join of it waits for */
     SYNC_SITE_SLOT = 9, /* where this thread keeps its descriptor call's site (object: the slot) */
+    SYNC_OWN = 12,      /* the process synchronizes through its own futexes (once per process) */
 };
 
 /* What a SYNC_WAIT waits for (its aux), plus WAIT_TIMED when the wait has a deadline. */
@@ -53,12 +55,23 @@ enum { WAIT_JOIN = 1, WAIT_COND = 2, WAIT_SEM = 3, WAIT_BARRIER = 4, WAIT_LOCK =
 
 /* `aux`: for an acquire whose release was not reported (the lock was not shared yet), the
  * thread that released it last; the checker then orders after that thread's events so far. */
+/* libc's syscall(), which this library also wraps (below): its own markers go straight to it. */
+static long (*real_syscall)(long, ...);
+
+static long raw_syscall(long nr, long a, long b, long c, long d, long e, long f)
+{
+    if (!real_syscall)
+        real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    return real_syscall(nr, a, b, c, d, e, f);
+}
+
 static void mark_aux(long kind, const void *object, const void *site, long aux)
 {
     /* The marker fails with EINVAL by design: the program's errno must not see it (a reader
      * of errno after readdir, say, would take it for its own error). */
     int saved = errno;
-    syscall(SYS_prctl, WRINGER_SYNC, kind, (long)(uintptr_t)object, (long)(uintptr_t)site, aux);
+    raw_syscall(SYS_prctl, WRINGER_SYNC, kind, (long)(uintptr_t)object, (long)(uintptr_t)site,
+                aux, 0);
     errno = saved;
 }
 
@@ -308,9 +321,12 @@ static __thread int here_told __attribute__((tls_model("initial-exec")));
 
 /* A forked child's thread has a new id: it tells its slot again, and its handle (the child's
  * main thread, which no pthread_create started). */
+static atomic_int own_sync_told;
+
 static void forget_slot(void)
 {
     here_told = 0;
+    atomic_store(&own_sync_told, 0);
     mark(SYNC_START, (void *)pthread_self(), NULL);
 }
 
@@ -586,3 +602,20 @@ AROUND(int, close, (int fd), (fd), fd)
 AROUND(int, dup2, (int from, int to), (from, to), from)
 AROUND(int, dup3, (int from, int to, int f), (from, to, f), from)
 AROUND(int, close_range, (unsigned int first, unsigned int last, int f), (first, last, f), first)
+
+/* Code that synchronizes through futexes of its own (Rust's std locks, channels and thread
+ * parking; C++20's atomic waits) calls libc's syscall() for them: glibc's own locks never do.
+ * Such code can hand a descriptor over with no marker or syscall at all (a lock-free queue), so
+ * the order of its calls cannot be judged from what shows: the process says so once, and the
+ * checker then judges its releases only by what is certain. */
+long syscall(long nr, ...)
+{
+    va_list ap;
+    va_start(ap, nr);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (nr == SYS_futex && !atomic_exchange(&own_sync_told, 1))
+        mark(SYNC_OWN, NULL, SITE);
+    return raw_syscall(nr, a, b, c, d, e, f);
+}

@@ -137,3 +137,26 @@ fn threads_spinning_on_non_blocking_receives_lose_no_event() {
     assert!(!text.contains("incomplete"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A correct Rust program whose hand-over the trace cannot show: a socket read by one thread,
+/// sent through a std channel to another that closes it. Rust's std synchronizes through its
+/// own futexes (the observer tells the process so), so the release is judged only by what is
+/// certain, and the program is clean on every run with both recorders.
+#[test]
+fn a_hand_over_through_a_rust_channel_is_never_flagged() {
+    let dir = scratch("hb", "channel_handover");
+    let src = common::repo().join("harness/tests/fixtures/happens_before/channel_handover.rs");
+    let exe = dir.join("channel_handover");
+    let built = std::process::Command::new("rustc")
+        .args(["-O", "-g", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(built.success(), "compiling {}", src.display());
+    for backend in ["ebpf", "strace"] {
+        let (failed, text) = audit_repeats(&dir, &exe, backend, &[], 5);
+        assert_eq!(failed, 0, "channel_handover ({backend}): {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -15,6 +15,11 @@ pub const CALL_SITE: u64 = 10;
 /// thread starts, and its children, are the harness's, not the program's.
 pub const TOOL: u64 = 11;
 
+/// The kind of the marker the sync observer writes once a process makes a futex call of its
+/// own through libc's `syscall()` (Rust's std locks, channels and parking; C++20 atomic waits):
+/// it may hand things over with nothing in the trace to show it.
+pub const OWN_SYNC: u64 = 12;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
     /// The observer is loaded in this process: its pthread operations are all reported.
@@ -40,6 +45,8 @@ pub enum SyncKind {
     CallSite,
     /// From the harness: the next process this thread starts is its own tool.
     Tool,
+    /// The process synchronizes through futexes of its own, which the observer cannot see.
+    OwnSync,
 }
 
 /// What a `Wait` waits for (its `aux`).
@@ -133,6 +140,7 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
         9 => SyncKind::SiteSlot,
         CALL_SITE => SyncKind::CallSite,
         TOOL => SyncKind::Tool,
+        OWN_SYNC => SyncKind::OwnSync,
         _ => return None,
     };
     Some(SyncMarker {
@@ -175,7 +183,7 @@ mod tests {
     #[test]
     fn other_prctls_and_unknown_kinds_are_not_markers() {
         assert_eq!(parse("PR_SET_NAME, \"wringer-rx-7\""), None);
-        assert_eq!(parse("0x57534e43 /* PR_??? */, 0xc, 0x1, 0, 0"), None);
+        assert_eq!(parse("0x57534e43 /* PR_??? */, 0xd, 0x1, 0, 0"), None);
         assert_eq!(parse("0x1234 /* PR_??? */, 0x2, 0x1, 0, 0"), None);
     }
 }

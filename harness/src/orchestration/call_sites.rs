@@ -175,6 +175,30 @@ pub fn annotate(text: &str, modules: &Modules) -> String {
     out
 }
 
+/// Whether one of a process's modules holds Rust's std: its source paths, which even a
+/// stripped binary keeps for its panic messages. Such code synchronizes through futexes of its
+/// own and lock-free queues, which no syscall trace shows. Each file is read once per run of
+/// the harness.
+pub fn links_rust_std(modules: &Modules) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<String, bool>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    let mut paths: Vec<&str> = modules.maps.iter().map(|m| m.path.as_str()).collect();
+    paths.dedup();
+    paths.into_iter().any(|path| {
+        if let Some(known) = seen.lock().ok().and_then(|s| s.get(path).copied()) {
+            return known;
+        }
+        let rust = std::fs::read(path)
+            .is_ok_and(|bytes| memchr::memmem::find(&bytes, b"library/std/src/").is_some());
+        if let Ok(mut s) = seen.lock() {
+            s.insert(path.to_string(), rust);
+        }
+        rust
+    })
+}
+
 fn hex_words(text: &str) -> impl Iterator<Item = u64> + '_ {
     text.split(|c: char| !c.is_ascii_alphanumeric())
         .filter_map(|w| w.strip_prefix("0x"))
@@ -304,5 +328,24 @@ mod tests {
             named.contains("a_real_binary_s_site_has_its_file_and_line at call_sites.rs:"),
             "{named}"
         );
+    }
+
+    #[test]
+    fn a_process_with_rust_s_std_is_told_from_one_without() {
+        // This test binary is Rust; a C program's maps (its program and libc) are not.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(links_rust_std(&Modules::parse(&maps)));
+        let libc = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("libc.so"))
+            .unwrap()
+            .to_string();
+        let c = format!(
+            "5000-6000 r-xp 00000000 fe:00 1 /usr/bin/true\n7000-8000 r-xp 00000000 fe:00 2 {libc}\n"
+        );
+        let m = Modules::parse(&c);
+        assert_eq!(m.maps.len(), 2, "{m:?}");
+        assert!(!links_rust_std(&m));
     }
 }

@@ -36,6 +36,8 @@ pub struct Finding {
     pub detail: String,
     /// (line number, line) of the recording around it.
     pub context: Vec<(usize, String)>,
+    /// Judged by order alone (see the syscall audit's `Violation::by_order`).
+    pub by_order: bool,
 }
 
 impl fmt::Display for Finding {
@@ -65,7 +67,8 @@ pub trait Observer: Sync {
     /// The findings in one recording (pure: run on a thread of its own).
     fn analyse(&self, rec: &Recording) -> Vec<Finding>;
     /// Add what only this host knows (call sites by name, where the stacks are).
-    fn annotate(&self, _group: &RankGroup, _rank: u32, _findings: &mut [Finding]) {}
+    /// Findings this host shows to be unsound may be dropped here.
+    fn annotate(&self, _group: &RankGroup, _rank: u32, _findings: &mut Vec<Finding>) {}
     /// The finding when no rank recorded anything at all, if that proves nothing.
     fn nothing_recorded(&self) -> Option<String> {
         None
@@ -215,14 +218,24 @@ impl Observer for Syscalls {
                 program: v.program,
                 detail: format!("{} in pid {}: {}", v.check, v.pid, v.detail),
                 context: v.context,
+                by_order: v.by_order,
             })
             .collect()
     }
 
-    fn annotate(&self, group: &RankGroup, rank: u32, findings: &mut [Finding]) {
+    fn annotate(&self, group: &RankGroup, rank: u32, findings: &mut Vec<Finding>) {
         if group.runs_here(rank) {
             // Call sites by name, from the module maps the sync observer left.
             let modules = call_sites::load(&group.sync_maps_prefix(rank));
+            // Rust's std hands things over through futexes of its own and lock-free queues
+            // (a channel, a parked thread), which no trace shows even when the observer does
+            // not hear of a futex: there order alone proves nothing.
+            findings.retain(|v| {
+                !(v.by_order
+                    && v.pid
+                        .and_then(|p| modules.get(&p))
+                        .is_some_and(call_sites::links_rust_std))
+            });
             for v in findings.iter_mut() {
                 if let Some(m) = v.pid.and_then(|p| modules.get(&p)) {
                     v.detail = call_sites::annotate(&v.detail, m);
@@ -280,6 +293,7 @@ impl Observer for Verbs {
                 // Its evidence lines as the verbs checker numbers them (`line N:`).
                 detail: v.to_string(),
                 context: vec![],
+                by_order: false,
             })
             .collect()
     }
@@ -301,6 +315,7 @@ mod tests {
             program: None,
             detail: "double close in pid 3: fd 5".into(),
             context: vec![(12, "3 close(5) = -1 EBADF".into())],
+            by_order: false,
         };
         assert_eq!(
             f.to_string(),

@@ -241,7 +241,12 @@ impl Audit<'_> {
             // must be done before a close: they must have exited. Its callers hand the socket
             // on by shared ownership (atomics no trace shows), so order between them is not
             // judged by happens-before there.
-            let by_order = p.observed && !p.names_receivers;
+            // A process that synchronizes through futexes of its own (Rust's std, C++20 atomic
+            // waits) can order a hand-over with nothing in the trace (a lock-free queue): there
+            // neither order nor timing can judge a release, only what is certain (a call on
+            // the descriptor still in progress, EBADF, a second close).
+            let own_sync = self.own_sync.contains(&pid);
+            let by_order = p.observed && !p.names_receivers && !own_sync;
             if by_order {
                 self.unordered_waits(pid, tid, fd, &verb, i);
             }
@@ -255,7 +260,7 @@ impl Audit<'_> {
                         && if p.names_receivers {
                             th.named_receiver_of == Some(fd)
                         } else {
-                            th.receiving == Some(fd)
+                            !own_sync && th.receiving == Some(fd)
                         }
                 })
                 .map(|(t, _)| *t)
@@ -382,6 +387,10 @@ impl Audit<'_> {
     /// and uses or closes the new one with nothing ordering it after its creation. Checked
     /// once per thread and descriptor, where the sync observer is loaded.
     pub(super) fn stale_handle(&mut self, pid: u32, tid: u32, fd: i32, name: &str, i: usize) {
+        if self.own_sync.contains(&pid) {
+            // Its reopening may be ordered by what no trace shows (see `close`).
+            return;
+        }
         let Some(p) = self.procs.get_mut(&pid).filter(|p| p.observed) else {
             return;
         };
@@ -403,7 +412,7 @@ impl Audit<'_> {
         } else {
             ("use after close", "used")
         };
-        self.flag(
+        self.flag_by_order(
             check,
             pid,
             Some(fd),
@@ -438,7 +447,7 @@ impl Audit<'_> {
             if self.hb.ordered_before(at, tid) {
                 continue;
             }
-            self.flag(
+            self.flag_by_order(
                 "close before the receiver is done",
                 pid,
                 Some(fd),

@@ -63,6 +63,9 @@ pub struct Violation {
     pub detail: String,
     /// Trace line numbers (1-based) and text around the violation.
     pub context: Vec<(usize, String)>,
+    /// Judged by happens-before alone (nothing in the trace orders two calls; the race did not
+    /// necessarily show): sound only where the process's synchronization is all in the trace.
+    pub by_order: bool,
 }
 
 impl fmt::Display for Violation {
@@ -238,6 +241,8 @@ struct Audit<'a> {
     line_sites: BTreeMap<usize, u64>,
     /// The harness's own tools and their children (see [`Lineage`]).
     tools: BTreeSet<u32>,
+    /// Processes with synchronization the observer cannot see (see [`Lineage`]).
+    own_sync: BTreeSet<u32>,
     /// What was stuck when the harness started its first tool (the watchdog's gdb, taking a
     /// hung program's stacks): attaching it can end a blocked call (a write to a full pipe
     /// returns short), so the hang is judged as it was then, not at the trace's end.
@@ -290,12 +295,30 @@ impl Audit<'_> {
             fd,
             detail,
             context,
+            by_order: false,
         });
+    }
+
+    /// As [`Audit::flag`], for a finding judged by happens-before alone.
+    fn flag_by_order(
+        &mut self,
+        check: &'static str,
+        pid: u32,
+        fd: Option<i32>,
+        detail: String,
+        at: usize,
+        also: &[usize],
+    ) {
+        self.flag(check, pid, fd, detail, at, also);
+        if let Some(v) = self.out.last_mut() {
+            v.by_order = true;
+        }
     }
 
     fn run(mut self) -> Vec<Violation> {
         let lineage = threads_of(&self.lines);
         (self.tgid, self.parents, self.tools) = (lineage.tgid, lineage.parents, lineage.tools);
+        self.own_sync = lineage.own_sync;
         for i in 0..self.lines.len() {
             let line = self.lines[i];
             let Some((tid, ev)) = parse_line(line) else {
@@ -757,6 +780,8 @@ fn threads_of(lines: &[&str]) -> Lineage {
     let mut tools: BTreeSet<u32> = BTreeSet::new();
     // Threads that said their next process is the harness's tool.
     let mut starting_tool: BTreeSet<u32> = BTreeSet::new();
+    // Threads whose process said it synchronizes through futexes of its own.
+    let mut own_sync_threads: BTreeSet<u32> = BTreeSet::new();
     for line in lines {
         let Some((tid, ev)) = parse_line(line) else {
             continue;
@@ -767,9 +792,16 @@ fn threads_of(lines: &[&str]) -> Lineage {
             ..
         } = ev
         {
-            if sync_marker::parse(args).is_some_and(|m| m.kind == SyncKind::Tool) {
-                starting_tool.insert(tid);
-                continue;
+            match sync_marker::parse(args).map(|m| m.kind) {
+                Some(SyncKind::Tool) => {
+                    starting_tool.insert(tid);
+                    continue;
+                }
+                Some(SyncKind::OwnSync) => {
+                    own_sync_threads.insert(tid);
+                    continue;
+                }
+                _ => {}
             }
         }
         let (name, args, ret) = match ev {
@@ -796,10 +828,15 @@ fn threads_of(lines: &[&str]) -> Lineage {
             None => {}
         }
     }
+    let own_sync = own_sync_threads
+        .iter()
+        .map(|t| *tgid.get(t).unwrap_or(t))
+        .collect();
     Lineage {
         tgid,
         parents,
         tools,
+        own_sync,
     }
 }
 
@@ -812,4 +849,7 @@ struct Lineage {
     /// The harness's own tools inside an audited rank (the watchdog's gdb) and their children:
     /// not the program's, so not checked.
     tools: BTreeSet<u32>,
+    /// Processes that synchronize through futexes of their own (the observer's `OwnSync`),
+    /// known from the whole trace: a release before that marker is judged the same way.
+    own_sync: BTreeSet<u32>,
 }

@@ -16,7 +16,8 @@ impl Audit<'_> {
         match m.kind {
             SyncKind::Attach => self.procs.entry(pid).or_default().observed = true,
             // The recorder's call-site bookkeeping, read before a line reaches here.
-            SyncKind::SiteSlot | SyncKind::CallSite | SyncKind::Tool => {}
+            // Read before the trace is (see `Lineage`), or the recorder's and harness's own.
+            SyncKind::SiteSlot | SyncKind::CallSite | SyncKind::Tool | SyncKind::OwnSync => {}
             SyncKind::Start => self.waits.entry(pid).or_default().start(tid, m.object),
             SyncKind::Release => {
                 self.hb.release(tid, object);

@@ -121,6 +121,24 @@ fn site_marker(tid: u32, call: &str, site: u64) -> String {
     format!("{tid} 1.0 {M}, 0xa, {nr}, {site:#x}, 0) = -1 EINVAL (Invalid argument)\n")
 }
 
+/// A process that synchronizes through futexes of its own (the observer's `OwnSync` marker,
+/// anywhere in its trace) may order a hand-over with nothing in the trace: its release is not
+/// judged by order (nor by timing), only by what is certain; a call still inside is.
+#[test]
+fn a_process_with_its_own_synchronization_is_judged_only_by_what_is_certain() {
+    let own = format!("{M}, 0xc, 0, 0x5500, 0) = -1 EINVAL (Invalid argument)\n");
+    let late = format!("{}101 1.008 {own}", read_then(false));
+    assert_eq!(checks_of(&late, LIFECYCLE), Vec::<&str>::new());
+    let inside = observed(&format!(
+        "100 1.000 socketpair(AF_UNIX, SOCK_STREAM, 0, [7, 8]) = 0\n\
+         100 1.001 clone3({{flags=CLONE_VM|CLONE_THREAD}} => {{parent_tid=[101]}}, 88) = 101\n\
+         100 1.002 {own}\
+         101 1.003 read(7,  <unfinished ...>\n\
+         100 1.004 close(7) = 0\n"
+    ));
+    assert_eq!(checks_of(&inside, LIFECYCLE), vec!["close while in use"]);
+}
+
 #[test]
 fn a_finding_names_the_call_sites_the_recorder_told_and_only_for_their_syscall() {
     let trace = read_then(false)
