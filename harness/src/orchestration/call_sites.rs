@@ -148,13 +148,28 @@ pub fn load(prefix: &Path) -> BTreeMap<u32, Modules> {
 /// Names for every code address in `text` (`0x…` words) that lies in one of `pid`'s modules:
 /// `0x55d0c0de1234 (worker at fixture.c:42)`. Data addresses (a lock's) are left as they are.
 pub fn annotate(text: &str, modules: &Modules) -> String {
-    let addrs: Vec<u64> = hex_words(text)
+    annotate_all(&[text], modules).remove(0)
+}
+
+/// [`annotate`] for many texts of one process, asking addr2line once per module for all of
+/// them (a run with a finding per cycle has hundreds, each with two sites).
+pub fn annotate_all(texts: &[&str], modules: &Modules) -> Vec<String> {
+    let mut addrs: Vec<u64> = texts
+        .iter()
+        .flat_map(|t| hex_words(t))
         .filter(|a| modules.place(*a).is_some())
         .collect();
+    addrs.sort_unstable();
+    addrs.dedup();
     if addrs.is_empty() {
-        return text.to_string();
+        return texts.iter().map(|t| t.to_string()).collect();
     }
     let names = symbolise(modules, &addrs);
+    texts.iter().map(|t| name_addresses(t, &names)).collect()
+}
+
+/// `text` with each address that has a name followed by it.
+fn name_addresses(text: &str, names: &BTreeMap<u64, String>) -> String {
     let mut out = String::new();
     let mut rest = text;
     while let Some(at) = rest.find("0x") {

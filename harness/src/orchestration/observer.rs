@@ -10,7 +10,7 @@
 //!   order of descriptors, locks and waits; its module maps name the call sites.
 //! - [`Verbs`]: the verbs observer, one trace per process that touched verbs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -236,9 +236,23 @@ impl Observer for Syscalls {
                         .and_then(|p| modules.get(&p))
                         .is_some_and(call_sites::links_rust_std))
             });
-            for v in findings.iter_mut() {
-                if let Some(m) = v.pid.and_then(|p| modules.get(&p)) {
-                    v.detail = call_sites::annotate(&v.detail, m);
+            // One addr2line per module of each process, for all of its findings together.
+            let pids: BTreeSet<u32> = findings.iter().filter_map(|v| v.pid).collect();
+            for pid in pids {
+                let Some(m) = modules.get(&pid) else {
+                    continue;
+                };
+                let theirs: Vec<usize> = (0..findings.len())
+                    .filter(|k| findings[*k].pid == Some(pid))
+                    .collect();
+                let texts: Vec<&str> = theirs
+                    .iter()
+                    .map(|k| findings[*k].detail.as_str())
+                    .collect();
+                let named = call_sites::annotate_all(&texts, m);
+                for (k, detail) in theirs.into_iter().zip(named) {
+                    let v = &mut findings[k];
+                    v.detail = detail;
                     if v.program.is_none() {
                         v.program = m.program.clone();
                     }
