@@ -412,7 +412,7 @@ impl Audit<'_> {
         } else {
             ("use after close", "used")
         };
-        self.flag_by_order(
+        self.flag(
             check,
             pid,
             Some(fd),
@@ -425,7 +425,8 @@ impl Audit<'_> {
             ),
             i,
             &[],
-        );
+        )
+        .by_order = true;
     }
 
     /// The happens-before check of a release by `tid`: every other thread's last wait or
@@ -447,7 +448,7 @@ impl Audit<'_> {
             if self.hb.ordered_before(at, tid) {
                 continue;
             }
-            self.flag_by_order(
+            self.flag(
                 "close before the receiver is done",
                 pid,
                 Some(fd),
@@ -461,7 +462,8 @@ impl Audit<'_> {
                 ),
                 i,
                 &[line],
-            );
+            )
+            .by_order = true;
         }
     }
 

@@ -277,6 +277,7 @@ impl Audit<'_> {
             .collect()
     }
 
+    /// Record a violation; the caller may mark it judged by order alone.
     fn flag(
         &mut self,
         check: &'static str,
@@ -285,7 +286,7 @@ impl Audit<'_> {
         detail: String,
         at: usize,
         also: &[usize],
-    ) {
+    ) -> &mut Violation {
         let context = self.context(at, also);
         let program = self.procs.get(&pid).and_then(|p| p.exe.clone());
         self.out.push(Violation {
@@ -297,28 +298,17 @@ impl Audit<'_> {
             context,
             by_order: false,
         });
-    }
-
-    /// As [`Audit::flag`], for a finding judged by happens-before alone.
-    fn flag_by_order(
-        &mut self,
-        check: &'static str,
-        pid: u32,
-        fd: Option<i32>,
-        detail: String,
-        at: usize,
-        also: &[usize],
-    ) {
-        self.flag(check, pid, fd, detail, at, also);
-        if let Some(v) = self.out.last_mut() {
-            v.by_order = true;
-        }
+        self.out.last_mut().expect("just pushed")
     }
 
     fn run(mut self) -> Vec<Violation> {
         let lineage = threads_of(&self.lines);
-        (self.tgid, self.parents, self.tools) = (lineage.tgid, lineage.parents, lineage.tools);
-        self.own_sync = lineage.own_sync;
+        (self.tgid, self.parents, self.tools, self.own_sync) = (
+            lineage.tgid,
+            lineage.parents,
+            lineage.tools,
+            lineage.own_sync,
+        );
         for i in 0..self.lines.len() {
             let line = self.lines[i];
             let Some((tid, ev)) = parse_line(line) else {
