@@ -18,6 +18,7 @@
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
+use std::sync::TryLockError;
 use std::time::Duration;
 
 #[cfg(wringer_model)]
@@ -29,6 +30,7 @@ use crate::sync::{Mutex, MutexGuard, OnceLock, RwLock};
 #[cfg(not(wringer_model))]
 use socket2::Socket;
 
+use crate::deadline::Deadline;
 use crate::error::{Error, ReceiverError, Result, Terminal};
 use crate::frame::{Frame, Header, Kind, ReadOutcome, DEFAULT_MAX_PAYLOAD};
 use crate::stream::{readable_now, wait_for_bytes, FrameReader, ReadError, ReadUntil, WriteError};
@@ -193,10 +195,10 @@ impl Connection {
 
     /// Send one data frame, blocking at most `timeout`.
     pub fn send(&self, payload: &[u8], timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Deadline::After(timeout);
         self.checked(|| {
             let socket = self.socket()?;
-            let mut state = lock(&self.sender);
+            let mut state = lock_by(&self.sender, &mut deadline);
             if state.broken {
                 return Err(Error::SendBroken);
             }
@@ -209,7 +211,7 @@ impl Connection {
                 sequence: state.next_sequence,
                 len,
             };
-            match crate::stream::write_frame(&socket, &header, payload, deadline) {
+            match crate::stream::write_frame(&socket, &header, payload, &mut deadline) {
                 Ok(()) => {
                     state.next_sequence += 1;
                     Ok(())
@@ -262,7 +264,7 @@ impl Connection {
     /// connection ended are still delivered; after them comes the reason it ended. A frame cut
     /// short by the deadline is kept, and finished by the next `recv` or by the receiver.
     pub fn recv(&self, timeout: Duration) -> Result<Frame> {
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Deadline::After(timeout);
         let _receiving = self.presence.enter();
         loop {
             #[cfg(feature = "bug-injection")]
@@ -277,7 +279,7 @@ impl Connection {
                 if let Ok(mut reading) = self.reading.try_lock() {
                     return self.read_own_frame(&mut reading, deadline, timeout);
                 }
-                if Instant::now() >= deadline {
+                if deadline.left(Instant::now()).is_none() {
                     return Err(Error::Timeout {
                         during: "recv",
                         after: timeout,
@@ -315,14 +317,13 @@ impl Connection {
                 return self.read_own_frame(&mut reading, deadline, timeout);
             }
             // The receiver is reading a frame, and queues it when it has it.
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(left) = deadline.left(Instant::now()) else {
                 return Err(Error::Timeout {
                     during: "recv",
                     after: timeout,
                 });
-            }
-            match self.frames.recv_timeout((deadline - now).min(QUEUE_SLICE)) {
+            };
+            match self.frames.recv_timeout(left.min(QUEUE_SLICE)) {
                 Ok(frame) => return Ok(self.dequeued(frame)),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Err(self.ended()),
@@ -334,18 +335,13 @@ impl Connection {
     fn read_own_frame(
         &self,
         reading: &mut Reading,
-        deadline: Instant,
+        deadline: Deadline,
         timeout: Duration,
     ) -> Result<Frame> {
         let Ok(socket) = self.socket() else {
             return Err(self.ended());
         };
-        let mut source = ReadUntil {
-            socket: &socket,
-            deadline,
-            spin_until: self.busy_poll.map(|spin| Instant::now() + spin),
-            read_before: false,
-        };
+        let mut source = ReadUntil::new(&socket, deadline, self.busy_poll);
         match reading.next(&mut source, &self.stop, Reader::Caller) {
             Next::Frame(frame) => Ok(frame),
             Next::TimedOut => {
@@ -409,7 +405,7 @@ impl Connection {
         }
         #[cfg(feature = "bug-injection")]
         let wake = !(crate::injected::is(crate::injected::Bug::CloseSkipsShutdownWhileReceiving)
-            && self.presence.receiving());
+            && self.presence.inside());
         #[cfg(not(feature = "bug-injection"))]
         let wake = true;
         if let Some(socket) = socket.as_ref().filter(|_| wake) {
@@ -792,8 +788,13 @@ impl Presence {
         Inside(self)
     }
 
+    /// A caller is inside `recv` now.
+    fn inside(&self) -> bool {
+        self.inside.load(Ordering::Relaxed) > 0
+    }
+
     fn receiving(&self) -> bool {
-        if self.inside.load(Ordering::Relaxed) > 0 {
+        if self.inside() {
             return true;
         }
         let left_at = self.left_at.load(Ordering::Relaxed);
@@ -947,6 +948,19 @@ impl ReceiverThread {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks leaves no broken invariant worth propagating.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`lock`], for a call bounded by `deadline`: a lock another thread holds fixes the deadline
+/// before the wait for it, so the call's bound counts that wait too.
+fn lock_by<'m, T>(m: &'m Mutex<T>, deadline: &mut Deadline) -> MutexGuard<'m, T> {
+    match m.try_lock() {
+        Ok(guard) => guard,
+        Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            deadline.fixed(Instant::now());
+            lock(m)
+        }
+    }
 }
 
 #[cfg(not(wringer_model))]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
+use crate::deadline::Deadline;
 use crate::error::{Error, RejectReason, Result};
 use crate::frame::{Frame, Header, Kind, ReadOutcome};
 use crate::stream::{write_frame, FrameReader, ReadError, WriteError};
@@ -142,7 +143,7 @@ fn send_control(
         sequence: 0,
         len: payload.len() as u32,
     };
-    write_frame(socket, &header, payload, deadline).map_err(|e| match e {
+    write_frame(socket, &header, payload, &mut Deadline::At(deadline)).map_err(|e| match e {
         WriteError::Timeout { .. } => ControlError::TimedOut("sending"),
         WriteError::Io { error, .. } => ControlError::Failed(format!("send failed: {error}")),
     })

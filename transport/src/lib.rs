@@ -19,6 +19,7 @@ pub mod stream;
 mod conn;
 #[cfg(not(wringer_model))]
 mod connect;
+mod deadline;
 #[cfg(not(wringer_model))]
 mod handshake;
 #[cfg(feature = "bug-injection")]

@@ -6,11 +6,13 @@ use std::io::{self, IoSlice, IoSliceMut, Read};
 #[cfg(not(wringer_model))]
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 #[cfg(not(wringer_model))]
 use socket2::Socket;
 use thiserror::Error;
 
+use crate::deadline::Deadline;
 #[cfg(wringer_model)]
 use crate::model_socket::Socket;
 use crate::sync::{AtomicBool, Instant};
@@ -153,15 +155,31 @@ impl FrameReader {
 }
 
 /// A socket read with a deadline, for a caller that reads its own frames: each read waits for
-/// bytes in `poll` (spinning first for `spin_until`, when busy polling), then takes them without
+/// bytes in `poll` (spinning first for `spin`, when busy polling), then takes them without
 /// blocking, so the socket stays in blocking mode for the receiver thread. A read that finds
 /// the deadline passed is [`io::ErrorKind::TimedOut`]; the frame reader keeps what it had.
+/// Neither the deadline nor the spin reads the clock before the first try has found nothing.
 pub(crate) struct ReadUntil<'a> {
-    pub socket: &'a Socket,
-    pub deadline: Instant,
-    pub spin_until: Option<Instant>,
+    socket: &'a Socket,
+    deadline: Deadline,
+    /// How long to spin on non-blocking receives; `None` once the spin is over.
+    spin: Option<Duration>,
+    /// When the spin ends, from the end of its first batch of tries.
+    spin_until: Option<Instant>,
     /// A read of this `recv` has brought bytes already.
-    pub read_before: bool,
+    read_before: bool,
+}
+
+impl<'a> ReadUntil<'a> {
+    pub(crate) fn new(socket: &'a Socket, deadline: Deadline, spin: Option<Duration>) -> Self {
+        ReadUntil {
+            socket,
+            deadline,
+            spin,
+            spin_until: None,
+            read_before: false,
+        }
+    }
 }
 
 impl Read for ReadUntil<'_> {
@@ -170,15 +188,17 @@ impl Read for ReadUntil<'_> {
     }
 
     fn read_vectored(&mut self, buf: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
-        if let Some(until) = self.spin_until {
-            // Busy polling: the clock is read once per batch of tries, not on every one.
-            while Instant::now() < until {
-                for _ in 0..SPIN_BATCH {
-                    match recv_now(self.socket, buf) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-                        other => return other,
-                    }
+        // Busy polling: the clock is read once per batch of tries, not on every one.
+        while let Some(spin) = self.spin {
+            for _ in 0..SPIN_BATCH {
+                match recv_now(self.socket, buf) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                    other => return other,
                 }
+            }
+            let now = Instant::now();
+            if now >= *self.spin_until.get_or_insert(now + spin) {
+                self.spin = None;
             }
         }
         if self.read_before {
@@ -190,12 +210,11 @@ impl Read for ReadUntil<'_> {
             }
         }
         loop {
-            let now = Instant::now();
-            if now >= self.deadline {
+            let Some(left) = self.deadline.left(Instant::now()) else {
                 return Err(io::ErrorKind::TimedOut.into());
-            }
+            };
             // Asleep until the kernel wakes us: the one wake-up per message sockperf pays.
-            wait_for(self.socket, libc::POLLIN, self.deadline - now)?;
+            wait_for(self.socket, libc::POLLIN, left)?;
             match recv_now(self.socket, buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 other => {
@@ -285,14 +304,14 @@ pub(crate) enum WriteError {
 }
 
 /// Write a header and payload with one vectored send per attempt, never blocking past
-/// `deadline`. Sends are non-blocking (`MSG_DONTWAIT`) and wait in `poll(POLLOUT)`, so the socket
+/// `deadline` (read from the clock only once the socket has no room). Sends are non-blocking (`MSG_DONTWAIT`) and wait in `poll(POLLOUT)`, so the socket
 /// itself stays in blocking mode for its receiver thread. `MSG_NOSIGNAL`: a dead peer is an
 /// error, not a SIGPIPE.
 pub(crate) fn write_frame(
     socket: &Socket,
     header: &Header,
     payload: &[u8],
-    deadline: Instant,
+    deadline: &mut Deadline,
 ) -> Result<(), WriteError> {
     let head = header.encode();
     let total = HEADER_LEN + payload.len();
@@ -324,11 +343,10 @@ pub(crate) fn write_frame(
             Ok(n) => written += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let now = Instant::now();
-                if now >= deadline {
+                let Some(left) = deadline.left(Instant::now()) else {
                     return Err(WriteError::Timeout { written });
-                }
-                if let Err(error) = wait_for(socket, libc::POLLOUT, deadline - now) {
+                };
+                if let Err(error) = wait_for(socket, libc::POLLOUT, left) {
                     return Err(WriteError::Io { written, error });
                 }
             }
@@ -339,11 +357,7 @@ pub(crate) fn write_frame(
 }
 
 /// Wait in `poll` for `events` on the socket, at most `timeout`.
-fn wait_for(
-    socket: &Socket,
-    events: libc::c_short,
-    timeout: std::time::Duration,
-) -> io::Result<()> {
+fn wait_for(socket: &Socket, events: libc::c_short, timeout: Duration) -> io::Result<()> {
     // Round up so a sub-millisecond remainder still waits instead of spinning.
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
     match poll_once(socket, events, ms) {

@@ -2,6 +2,7 @@
 //! completion waits, each with a deadline.
 
 use super::*;
+pub(super) use crate::deadline::Deadline;
 
 /// Send-queue work requests (SENDs and WRITEs) carry this bit and their sequence number in
 /// their wr_id; receives carry their ring slot. RC completes a send queue in order, and the
@@ -26,28 +27,6 @@ pub(super) const LONGEST_NAP: Duration = Duration::from_millis(1);
 /// How long a teardown waits for the flushed completions of a QP in the error state (soft-RoCE
 /// under TCG flushes a full ring in milliseconds; hardware in microseconds).
 pub(super) const QUIESCE_WITHIN: Duration = Duration::from_secs(2);
-/// A wait's deadline that costs no reading of the clock until the wait turns out not to be
-/// quick: in the rxe VM under TCG the clock is the emulated HPET, about 3 µs a reading, and a
-/// ping-pong that read it on every call paid for it in latency.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Deadline {
-    At(Instant),
-    /// This long from the first time the wait looks at the clock.
-    After(Duration),
-}
-
-impl Deadline {
-    /// The deadline, fixed from `now` on first use.
-    fn fixed(&mut self, now: Instant) -> Instant {
-        let at = match *self {
-            Deadline::At(at) => at,
-            Deadline::After(timeout) => now + timeout,
-        };
-        *self = Deadline::At(at);
-        at
-    }
-}
-
 /// Empty completion polls between two looks at the clock and the connection manager while a
 /// wait spins (past [`SPIN_FOR`], every poll looks: it yields or naps anyway).
 pub(super) const POLLS_PER_CHECK: u32 = 128;
@@ -552,7 +531,6 @@ impl RcConnection {
                     }
                     slot => {
                         let slot = slot as usize;
-                        // RECV_RDMA_WITH_IMM: the data landed in our write target.
                         // RECV_RDMA_WITH_IMM: the data landed in our write target, and the
                         // slot holds nothing, so it is posted again at once. A SEND's bytes stay
                         // in the slot until they are received (copied out, or lent).
