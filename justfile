@@ -4,19 +4,41 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# Unit and integration tests (nextest, CI profile), the transport's doctests, clippy with warnings as errors, rustfmt. The report's browser test needs Chromium (installed when missing).
-test: build-deps (apt "chromium" "strace" "xz-utils" "zstd" "make" "git" "liburing-dev" "binutils") cuda-tools hip-tools external
+# Unit and integration tests (nextest, CI profile), the transport's doctests, clippy with warnings as errors, rustfmt, and the model checker (beside the tests, at low priority: they leave the cores idle more than half the time). The report's browser test needs Chromium (installed when missing).
+test: test-deps test-build
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p target
+    ( nice -n 19 just model-check > target/model-check.out 2>&1; echo $? > target/model-check.rc ) &
+    model=$!
     # Two tests a core: at one, the cores sat idle more than half the time (the tests wait on
     # children, timers and audited fixtures). On this 2-core machine: 331 s at 2 threads, 204 s
     # at 4, 263 s at 4 beside CI's niced release build; every test passed each time.
-    WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 WRINGER_REQUIRE_HIP=1 cargo nextest run --workspace --all-features --profile ci --test-threads $(( $(nproc) * 2 ))
-    # nextest runs no doctests: the transport's compile_fail examples (a lent receive slot cannot be reused while it is out) run here.
-    cargo test --doc -p wringer-transport --all-features
-    cargo clippy --workspace --all-targets --all-features -- -D warnings
-    # The GPU feature without RDMA must build on its own too.
-    cargo clippy -p wringer-transport --features gpu --all-targets -- -D warnings
-    cargo fmt --all --check
-    just model-check
+    rc=0
+    WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 WRINGER_REQUIRE_HIP=1 cargo nextest run {{nextest_args}} --test-threads $(( $(nproc) * 2 )) || rc=$?
+    if [ "$rc" = 0 ]; then
+        # nextest runs no doctests: the transport's compile_fail examples (a lent receive slot cannot be reused while it is out) run here.
+        cargo test --doc -p wringer-transport --all-features
+        cargo clippy --workspace --all-targets --all-features -- -D warnings
+        # The GPU feature without RDMA must build on its own too.
+        cargo clippy -p wringer-transport --features gpu --all-targets -- -D warnings
+        cargo fmt --all --check
+    fi
+    wait "$model" || true
+    cat target/model-check.out
+    [ "$rc" = 0 ] || exit "$rc"
+    [ "$(cat target/model-check.rc)" = 0 ] || { echo "the model checker failed" >&2; exit 1; }
+
+nextest_args := "--workspace --all-features --profile ci"
+
+# What the tests need installed: the build's packages, the fixtures' tools, the GPU toolchains (no GPU needed) and the external programs. CI installs them beside the test build.
+[private]
+test-deps: build-deps (apt "chromium" "strace" "xz-utils" "zstd" "make" "git" "liburing-dev" "binutils") cuda-tools hip-tools external
+
+# The test binaries, built (what `just test` runs; CI builds them while test-deps installs).
+[private]
+test-build: build-deps
+    cargo nextest run {{nextest_args}} --no-run
 
 # The main job: build in release and run every scenario this machine can run (loopback by default), the external programs' scenarios (Gloo, libfabric, UCX) included. Where the kernel has no RDMA device, `wringer run` sends the scenarios that need RDMA to the profile's soft-RoCE VM (`rdma_vm:`, set up once here); WRINGER_NO_VM=1 skips them instead.
 test-local hosts="hosts/local.yaml" *args="": build-deps (apt "strace") external rxe-if-needed
