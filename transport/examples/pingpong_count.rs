@@ -23,6 +23,18 @@ use wringer_transport::{Connection, ConnectionOptions};
 
 const T: Duration = Duration::from_secs(10);
 
+const MODES: &[&str] = &[
+    "connection",
+    "busy",
+    "frames",
+    "raw",
+    "raw-busy",
+    "raw-busy-vsend",
+    "raw-busy-vrecv",
+    "raw-busy-vectored",
+    "raw-busy-shift",
+];
+
 fn streams() -> std::io::Result<(TcpStream, TcpStream)> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let a = TcpStream::connect(l.local_addr()?)?;
@@ -35,7 +47,7 @@ fn streams() -> std::io::Result<(TcpStream, TcpStream)> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [size, count, mode] = args.as_slice() else {
-        return Err("usage: pingpong_count SIZE ROUND_TRIPS connection|busy|frames|raw".into());
+        return Err(format!("usage: pingpong_count SIZE ROUND_TRIPS {}", MODES.join("|")).into());
     };
     let (size, count): (usize, u64) = (size.parse()?, count.parse()?);
     let (mut a, mut b) = streams()?;
@@ -256,8 +268,12 @@ impl Message {
     }
 }
 
-/// Pin the calling thread to `cpu` (the threads it starts inherit it).
+/// Pin the calling thread to `cpu` (the threads it starts inherit it); nothing on a machine
+/// with one CPU.
 fn pin(cpu: usize) {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return;
+    }
     // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET writes inside it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `cpu` is below CPU_SETSIZE for any machine this runs on.

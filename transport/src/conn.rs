@@ -405,7 +405,7 @@ impl Connection {
         }
         #[cfg(feature = "bug-injection")]
         let wake = !(crate::injected::is(crate::injected::Bug::CloseSkipsShutdownWhileReceiving)
-            && self.presence.inside());
+            && self.presence.receiving());
         #[cfg(not(feature = "bug-injection"))]
         let wake = true;
         if let Some(socket) = socket.as_ref().filter(|_| wake) {
@@ -788,13 +788,8 @@ impl Presence {
         Inside(self)
     }
 
-    /// A caller is inside `recv` now.
-    fn inside(&self) -> bool {
-        self.inside.load(Ordering::Relaxed) > 0
-    }
-
     fn receiving(&self) -> bool {
-        if self.inside() {
+        if self.inside.load(Ordering::Relaxed) > 0 {
             return true;
         }
         let left_at = self.left_at.load(Ordering::Relaxed);

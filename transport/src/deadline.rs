@@ -26,7 +26,7 @@ impl Deadline {
         at
     }
 
-    /// The time left from `now` (zero once past), fixing the deadline on first use.
+    /// The time left from `now` (`None` once past), fixing the deadline on first use.
     pub(crate) fn left(&mut self, now: Instant) -> Option<Duration> {
         let at = self.fixed(now);
         (now < at).then(|| at - now)

@@ -304,8 +304,9 @@ pub(crate) enum WriteError {
 }
 
 /// Write a header and payload with one vectored send per attempt, never blocking past
-/// `deadline` (read from the clock only once the socket has no room). Sends are non-blocking (`MSG_DONTWAIT`) and wait in `poll(POLLOUT)`, so the socket
-/// itself stays in blocking mode for its receiver thread. `MSG_NOSIGNAL`: a dead peer is an
+/// `deadline` (fixed from the clock only once the socket has no room). Sends are non-blocking
+/// (`MSG_DONTWAIT`) and wait in `poll(POLLOUT)`, so the socket itself stays in blocking mode for
+/// its receiver thread. `MSG_NOSIGNAL`: a dead peer is an
 /// error, not a SIGPIPE.
 pub(crate) fn write_frame(
     socket: &Socket,
