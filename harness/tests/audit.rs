@@ -155,10 +155,27 @@ fn audited_checks(
         .unwrap();
     assert!(status.success(), "{} exited with {status}", exe.display());
     let text = std::fs::read_to_string(&trace).unwrap();
-    let found = audit::analyse(&text, &[AuditCheck::FdLifecycle])
+    let checks = [AuditCheck::FdLifecycle];
+    let by_text: Vec<String> = audit::analyse(&text, &checks)
         .iter()
         .map(|v| format!("{}: {}", v.check, v.detail))
         .collect();
+    if backend != AuditBackend::Ebpf {
+        return (by_text, text);
+    }
+    // The eBPF recorder's typed events, beside its trace, are what the checker reads; its
+    // text, read as strace's, must say the same.
+    let calls_path = wringer::hosts::syscall_trace::calls_path(&trace);
+    let calls = std::fs::read_to_string(&calls_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", calls_path.display()));
+    let typed = wringer::hosts::syscall_trace::typed_events(&text, &calls)
+        .unwrap_or_else(|| panic!("{} does not cover its trace", calls_path.display()));
+    assert!(typed.len() > 10, "{} typed events\n{text}", typed.len());
+    let found: Vec<String> = audit::analyse_after(&text, Some(typed), &checks, true)
+        .iter()
+        .map(|v| format!("{}: {}", v.check, v.detail))
+        .collect();
+    assert_eq!(found, by_text, "typed events and text disagree\n{text}");
     (found, text)
 }
 

@@ -18,3 +18,4 @@ pub mod seed;
 pub mod suppression;
 pub mod sync_marker;
 pub mod syscalls;
+pub mod traced;

@@ -20,7 +20,7 @@ pub const TOOL: u64 = 11;
 /// it may hand things over with nothing in the trace to show it.
 pub const OWN_SYNC: u64 = 12;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum SyncKind {
     /// The observer is loaded in this process: its pthread operations are all reported.
     Attach,
@@ -105,7 +105,7 @@ impl SyncMarker {
 }
 
 /// One marker, as the trace holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SyncMarker {
     pub kind: SyncKind,
     /// The lock, condition, semaphore or barrier's address; a thread's handle (pthread_t) for
@@ -128,7 +128,14 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
         return None;
     }
     let mut next = || words.next().and_then(number);
-    let kind = match next()? {
+    let kind = next()?;
+    let object = next()?;
+    from_words(kind, object, next().unwrap_or(0), next().unwrap_or(0))
+}
+
+/// The marker a `prctl(SYNC_MARKER, kind, object, site, aux)` makes; `None` for an unknown kind.
+pub fn from_words(kind: u64, object: u64, site: u64, aux: u64) -> Option<SyncMarker> {
+    let kind = match kind {
         1 => SyncKind::Attach,
         2 => SyncKind::Acquire,
         3 => SyncKind::Release,
@@ -145,9 +152,9 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
     };
     Some(SyncMarker {
         kind,
-        object: next()?,
-        site: next().unwrap_or(0),
-        aux: next().unwrap_or(0),
+        object,
+        site,
+        aux,
     })
 }
 

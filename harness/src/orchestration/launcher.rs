@@ -594,6 +594,25 @@ impl RankGroup {
         std::fs::read_to_string(&local).with_context(|| format!("reading {}", local.display()))
     }
 
+    /// Rank `rank`'s typed events, where its recorder wrote them (the eBPF recorder's, beside
+    /// its trace; kept beside the local copy of the trace). `None` where there are none.
+    pub fn fetch_calls(&self, rank: u32) -> Option<String> {
+        let local = crate::hosts::syscall_trace::calls_path(&self.trace_path(rank));
+        if let Some(h) = self.target(rank) {
+            let remote = format!("{}.calls", self.remote_trace(rank));
+            let text = h
+                .target
+                .check(&["cat", "--", &remote], Duration::from_secs(60))
+                .ok()?;
+            let _ = h
+                .target
+                .run(&["rm", "-f", "--", &remote], Duration::from_secs(10));
+            let _ = std::fs::write(&local, &text);
+            return Some(text);
+        }
+        std::fs::read_to_string(&local).ok()
+    }
+
     /// Processes of this run still alive after `kill_all` (there must be none): ranks, and
     /// anything in their process groups (the programs exec steps start). Locally the run's
     /// group is read from /proc; on remote hosts from `ps`.

@@ -54,6 +54,8 @@ impl fmt::Display for Finding {
 pub struct Recording {
     pub path: PathBuf,
     pub text: String,
+    /// The typed events of `text`, where its recorder wrote them (JSON lines).
+    pub calls: Option<String>,
 }
 
 /// An observer of ranks: what it recorded, and what that shows.
@@ -184,7 +186,8 @@ impl Observer for Syscalls {
         let text = group
             .fetch_trace(rank)
             .map_err(|e| format!("rank {rank}'s trace could not be read: {e:#}"))?;
-        Ok(vec![Recording { path, text }])
+        let calls = group.fetch_calls(rank);
+        Ok(vec![Recording { path, text, calls }])
     }
 
     fn problems(&self, rank: u32, rec: &Recording) -> Vec<String> {
@@ -210,7 +213,13 @@ impl Observer for Syscalls {
         if rec.text.trim().is_empty() {
             return vec![];
         }
-        audit::analyse_after(&rec.text, &self.checks, self.hung)
+        // The eBPF recorder's typed events where they are whole; else the text, read as
+        // strace's (strace's own trace, or a recorder killed mid-write).
+        let typed = rec
+            .calls
+            .as_deref()
+            .and_then(|c| crate::hosts::syscall_trace::typed_events(&rec.text, c));
+        audit::analyse_after(&rec.text, typed, &self.checks, self.hung)
             .into_iter()
             .map(|v| Finding {
                 check: v.check,
@@ -289,7 +298,11 @@ impl Observer for Verbs {
             .map_err(|e| format!("rank {rank}'s verbs traces could not be read: {e:#}"))?;
         Ok(files
             .into_iter()
-            .map(|(path, text)| Recording { path, text })
+            .map(|(path, text)| Recording {
+                path,
+                text,
+                calls: None,
+            })
             .collect())
     }
 

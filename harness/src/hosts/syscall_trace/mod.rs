@@ -1,6 +1,7 @@
 //! The lifecycle audit's eBPF backend: the kernel records one process tree's syscalls into a
-//! ring buffer without stopping a thread (`ebpf-audit/audit.bpf.c`), and this side writes
-//! them as the strace lines the checker reads. A rank runs under it as under strace:
+//! ring buffer without stopping a thread (`ebpf-audit/audit.bpf.c`), and this side decodes
+//! them into the checker's typed calls (`decode`, written to [`calls_path`]), beside the
+//! strace-style lines a person reads (`render`). A rank runs under it as under strace:
 //! `wringer trace-syscalls --out FILE -- PROGRAM`, which follows every child and thread the
 //! program makes (by the process tree, from the tracer's own forks), and exits as it does.
 //!
@@ -8,6 +9,7 @@
 //! Debian's packages); libbpf-rs would build libbpf and libelf from C, and aya's own kernel
 //! side needs a nightly `bpf-linker`, which no registry here offers.
 
+pub mod decode;
 pub mod render;
 pub mod table;
 
@@ -80,6 +82,31 @@ pub fn trace(
     anyhow::bail!("this wringer was built without its eBPF program (no clang at build time)")
 }
 
+/// Where the eBPF recorder writes the typed events of the trace it writes to `trace`: one
+/// JSON [`Traced`](crate::model::traced::Traced) a line, numbered by the trace's lines.
+pub fn calls_path(trace: &Path) -> std::path::PathBuf {
+    let mut p = trace.as_os_str().to_owned();
+    p.push(".calls");
+    p.into()
+}
+
+/// The typed events of `trace`, as [`calls_path`] holds them (`calls`), when they are whole:
+/// every line one event, and none of the trace's lines after the last of them an event (a
+/// recorder killed mid-write). `None` otherwise: then the trace's text is read instead.
+pub fn typed_events(trace: &str, calls: &str) -> Option<Vec<crate::model::traced::Traced>> {
+    let events: Vec<crate::model::traced::Traced> = calls
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let covered = events.last().map_or(0, |e| e.line + 1);
+    let rest_are_notes = trace
+        .lines()
+        .skip(covered)
+        .all(|l| l.is_empty() || l.starts_with('#'));
+    rest_are_notes.then_some(events)
+}
+
 /// The line a trace carries when the ring buffer dropped events: such a trace is incomplete,
 /// and the audit never reads it as clean.
 pub const LOST_PREFIX: &str = "# wringer-ebpf: lost ";
@@ -110,7 +137,7 @@ mod kernel {
     use aya::programs::RawTracePoint;
     use aya::{Ebpf, EbpfLoader};
 
-    use super::render::{Event, Renderer};
+    use super::render::{Event, Out, Renderer};
     use super::{table, LOST_PREFIX, TRACEFS};
 
     static PROGRAM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/audit.bpf.o"));
@@ -265,6 +292,9 @@ mod kernel {
     pub fn trace(out: &Path, futex: bool, program: &[String]) -> Result<ExitStatus> {
         let mut tracer = Tracer::load(futex, true)?;
         let mut file = File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        let calls_path = super::calls_path(out);
+        let mut calls = File::create(&calls_path)
+            .with_context(|| format!("creating {}", calls_path.display()))?;
         {
             let mut traced: HashMap<_, u32, u8> =
                 HashMap::try_from(tracer.bpf.map_mut("traced").context("no traced map")?)?;
@@ -291,7 +321,7 @@ mod kernel {
             .with_context(|| format!("starting {name}"))?;
         let mut render = Renderer::new(child.id(), epoch_offset());
         let mut lost_reported = 0;
-        let mut text = String::new();
+        let mut text = Out::default();
         loop {
             let exited = child.try_wait()?;
             let mut pfd = libc::pollfd {
@@ -315,16 +345,25 @@ mod kernel {
             }
             let lost = tracer.lost();
             if lost > lost_reported {
-                text.push_str(&format!(
-                    "{LOST_PREFIX}{lost} events (the ring buffer was full)\n"
+                text.note(&format!(
+                    "{LOST_PREFIX}{lost} events (the ring buffer was full)"
                 ));
                 lost_reported = lost;
             }
-            if !text.is_empty() {
-                file.write_all(text.as_bytes())?;
-                text.clear();
+            // The typed events go first: a recorder killed between the two writes leaves
+            // events for lines the text lacks (ignored), never text lines without their events.
+            let (lines, events) = text.take();
+            let mut typed = Vec::new();
+            for e in &events {
+                serde_json::to_writer(&mut typed, e)?;
+                typed.push(b'\n');
+            }
+            calls.write_all(&typed)?;
+            if !lines.is_empty() {
+                file.write_all(lines.as_bytes())?;
             }
             if let Some(status) = exited {
+                drop(calls);
                 drop(file);
                 drop(ring);
                 tracer.detach();
@@ -337,6 +376,29 @@ mod kernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_events_are_used_only_when_they_cover_the_trace() {
+        let trace = "1 1.0 close(3) = 0\n2 1.1 close(4) = 0\n# wringer-ebpf: lost 2 events\n";
+        let one = |line: usize| {
+            let e = crate::model::traced::Traced {
+                line,
+                tid: 1,
+                event: crate::model::traced::Event::Exited,
+            };
+            serde_json::to_string(&e).unwrap()
+        };
+        let both = format!("{}\n{}\n", one(0), one(1));
+        assert_eq!(typed_events(trace, &both).map(|e| e.len()), Some(2));
+        // The second line has no event: the recorder stopped between its two writes.
+        assert_eq!(typed_events(trace, &format!("{}\n", one(0))), None);
+        // A line cut short.
+        assert_eq!(
+            typed_events(trace, &format!("{}\n{{\"line\":1", one(0))),
+            None
+        );
+        assert_eq!(typed_events("", ""), Some(vec![]));
+    }
 
     #[test]
     fn the_last_lost_count_is_the_one_read() {

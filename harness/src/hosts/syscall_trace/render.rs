@@ -1,10 +1,68 @@
-//! The kernel side's events as the strace lines (`-f -ttt`) the checker reads, so that both
-//! backends feed one checker and a reader sees one format. Pure: events in, lines out.
+//! The kernel side's events as strace's lines (`-f -ttt`), so that a reader sees one format
+//! whichever recorder ran; beside each line, the checker's typed event for it (`decode`), so
+//! the checker reads no text. Pure: events in, lines and typed events out.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use crate::model::sync_marker::{self, CALL_SITE};
+use crate::model::traced::{self, Call, Operand, Ret, Traced};
+
+use super::decode;
 use super::table::{self, Syscall};
+
+/// What the renderer writes: the trace's text, and the typed event of each of its lines that
+/// is one, numbered as the text's lines are.
+#[derive(Default)]
+pub struct Out {
+    pub text: String,
+    pub events: Vec<Traced>,
+    /// Lines written so far, over every drain (the text and the events are taken away between
+    /// drains; the numbering goes on).
+    lines: usize,
+}
+
+impl Out {
+    /// One line of text and the event it is.
+    fn line(&mut self, tid: u32, event: traced::Event, text: std::fmt::Arguments) {
+        let _ = self.text.write_fmt(text);
+        self.text.push('\n');
+        self.events.push(Traced {
+            line: self.lines,
+            tid,
+            event,
+        });
+        self.lines += 1;
+    }
+
+    /// A line that is no event (a note of the recorder's own).
+    pub fn note(&mut self, text: &str) {
+        self.text.push_str(text);
+        self.text.push('\n');
+        self.lines += 1;
+    }
+
+    /// Both parts written so far, taken away (the numbering goes on).
+    pub fn take(&mut self) -> (String, Vec<Traced>) {
+        (
+            std::mem::take(&mut self.text),
+            std::mem::take(&mut self.events),
+        )
+    }
+}
+
+impl std::ops::Deref for Out {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.text
+    }
+}
+
+impl std::fmt::Display for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
 
 /// Bytes in one event (`struct event` in `audit.bpf.c`).
 pub const EVENT_SIZE: usize = 352;
@@ -83,6 +141,9 @@ pub struct Renderer {
     /// Add to a monotonic timestamp for the time of day.
     epoch_offset_ns: i128,
     pending: BTreeMap<u32, Event>,
+    /// Calls printed as unfinished, until they return: the typed event of their end is the
+    /// whole call, what it was given included.
+    unfinished: BTreeMap<u32, Event>,
     /// Each error's text, made once: libc's message goes through its locale lookup, and a
     /// sync marker's EINVAL comes back thousands of times a second.
     errors: BTreeMap<i32, String>,
@@ -98,13 +159,14 @@ impl Renderer {
             root_started: false,
             epoch_offset_ns,
             pending: BTreeMap::new(),
+            unfinished: BTreeMap::new(),
             errors: BTreeMap::new(),
             sites: BTreeMap::new(),
         }
     }
 
     /// Add the lines `e` makes to `out`.
-    pub fn feed(&mut self, e: Event, out: &mut String) {
+    pub fn feed(&mut self, e: Event, out: &mut Out) {
         if e.tgid == self.root && !self.root_started {
             // What the tracer's child did before it became the program is not the program's.
             let execed = e.kind == Kind::Exit
@@ -114,32 +176,67 @@ impl Renderer {
                 return;
             }
             self.root_started = true;
-            let _ = writeln!(out, "{} {} execve(...) = 0", e.tid, self.time(e.ts));
+            let exec = Call {
+                name: "execve".into(),
+                ret: Ret::Value(0),
+                operand: Operand::Exec { path: None },
+                ..Call::default()
+            };
+            out.line(
+                e.tid,
+                traced::Event::Call(exec),
+                format_args!("{} {} execve(...) = 0", e.tid, self.time(e.ts)),
+            );
             return;
         }
         // io_uring's operations run beside their submitter's calls: a line of their own, in
         // the form the checker reads, splitting nothing.
         match e.kind {
             Kind::UringOp => {
-                let _ = writeln!(
-                    out,
-                    "{} {} io_uring_op({}, {}, {:#x}) = 0",
+                let (fd, op) = (e.args[1] as i64 as i32, uring_op_name(e.args[2]));
+                let call = Call {
+                    name: "io_uring_op".into(),
+                    ret: Ret::Value(0),
+                    operand: if fd >= 0 {
+                        Operand::UringOp {
+                            fd,
+                            op: op.trim_start_matches("IORING_OP_").to_string(),
+                            req: e.args[0],
+                        }
+                    } else {
+                        Operand::None
+                    },
+                    ..Call::default()
+                };
+                out.line(
                     e.tid,
-                    self.time(e.ts),
-                    e.args[1] as i64 as i32,
-                    uring_op_name(e.args[2]),
-                    e.args[0]
+                    traced::Event::Call(call),
+                    format_args!(
+                        "{} {} io_uring_op({fd}, {op}, {:#x}) = 0",
+                        e.tid,
+                        self.time(e.ts),
+                        e.args[0]
+                    ),
                 );
                 return;
             }
             Kind::UringDone => {
-                let _ = writeln!(
-                    out,
-                    "{} {} io_uring_done({:#x}) = {}",
+                let call = Call {
+                    name: "io_uring_done".into(),
+                    ret: Ret::Value(e.ret),
+                    operand: Operand::UringDone { req: e.args[0] },
+                    ..Call::default()
+                };
+                out.line(
                     e.tid,
-                    self.time(e.ts),
-                    e.args[0],
-                    e.ret
+                    traced::Event::Call(call),
+                    format_args!(
+                        "{} {} io_uring_done({:#x}) = {}",
+                        e.tid,
+                        self.time(e.ts),
+                        e.args[0],
+                        e.ret
+                    ),
                 );
                 return;
             }
@@ -163,14 +260,18 @@ impl Renderer {
                     Some(p) if p.nr == e.nr => {
                         self.tell_site(s, &p, out);
                         let args = args_text(s, &p, Some(&e));
-                        let _ = writeln!(
-                            out,
-                            "{} {} {}({}) = {}",
+                        let ret = self.ret_text(e.ret);
+                        out.line(
                             e.tid,
-                            self.time(p.ts),
-                            s.name,
-                            args,
-                            self.ret_text(e.ret)
+                            traced::Event::Call(decode::call(s, &p, Some(&e))),
+                            format_args!(
+                                "{} {} {}({}) = {}",
+                                e.tid,
+                                self.time(p.ts),
+                                s.name,
+                                args,
+                                ret
+                            ),
                         );
                     }
                     other => {
@@ -183,14 +284,28 @@ impl Renderer {
                         } else {
                             String::new()
                         };
-                        let _ = writeln!(
-                            out,
-                            "{} {} <... {} resumed>{}) = {}",
+                        // The whole call, from its start; without one (it started before the
+                        // trace did), what its end alone says.
+                        let call = match self.unfinished.remove(&e.tid) {
+                            Some(start) if start.nr == e.nr => decode::call(s, &start, Some(&e)),
+                            _ => Call {
+                                name: s.name.to_string(),
+                                ret: decode::result(e.ret),
+                                ..Call::default()
+                            },
+                        };
+                        let ret = self.ret_text(e.ret);
+                        out.line(
                             e.tid,
-                            self.time(e.ts),
-                            s.name,
-                            after,
-                            self.ret_text(e.ret)
+                            traced::Event::Resumed(call),
+                            format_args!(
+                                "{} {} <... {} resumed>{}) = {}",
+                                e.tid,
+                                self.time(e.ts),
+                                s.name,
+                                after,
+                                ret
+                            ),
                         );
                     }
                 }
@@ -201,7 +316,12 @@ impl Renderer {
                     self.pending.insert(e.tid, p);
                     self.print_unfinished(e.tid, out);
                 }
-                let _ = writeln!(out, "{} {} +++ exited +++", e.tid, self.time(e.ts));
+                out.line(
+                    e.tid,
+                    traced::Event::Exited,
+                    format_args!("{} {} +++ exited +++", e.tid, self.time(e.ts)),
+                );
+                self.unfinished.remove(&e.tid);
                 self.sites.retain(|(t, _), _| *t != e.tid);
             }
         }
@@ -209,7 +329,7 @@ impl Renderer {
 
     /// At the end of a drain, at `now` on the events' clock: calls in progress for a while
     /// are printed as unfinished.
-    pub fn drained(&mut self, now: u64, out: &mut String) {
+    pub fn drained(&mut self, now: u64, out: &mut Out) {
         let old: Vec<u32> = self
             .pending
             .iter()
@@ -222,14 +342,14 @@ impl Renderer {
     }
 
     /// The end of the trace: whatever is in progress stays unfinished.
-    pub fn finish(&mut self, out: &mut String) {
+    pub fn finish(&mut self, out: &mut Out) {
         let all: Vec<u32> = self.pending.keys().copied().collect();
         for t in all {
             self.print_unfinished(t, out);
         }
     }
 
-    fn print_unfinished(&mut self, tid: u32, out: &mut String) {
+    fn print_unfinished(&mut self, tid: u32, out: &mut Out) {
         let Some(p) = self.pending.remove(&tid) else {
             return;
         };
@@ -237,20 +357,24 @@ impl Renderer {
             return;
         };
         self.tell_site(s, &p, out);
-        let _ = writeln!(
-            out,
-            "{} {} {}({} <unfinished ...>",
+        out.line(
             tid,
-            self.time(p.ts),
-            s.name,
-            args_text(s, &p, None)
+            traced::Event::Started(decode::call(s, &p, None)),
+            format_args!(
+                "{} {} {}({} <unfinished ...>",
+                tid,
+                self.time(p.ts),
+                s.name,
+                args_text(s, &p, None)
+            ),
         );
+        self.unfinished.insert(tid, p);
     }
 
     /// Before a call's first line: its call site, as a marker the checker reads like the sync
     /// observer's (`prctl(SYNC_MARKER, CALL_SITE, nr, site, 0)`), when it is not the one this
     /// thread's calls of that syscall had last (0: none known).
-    fn tell_site(&mut self, s: &Syscall, p: &Event, out: &mut String) {
+    fn tell_site(&mut self, s: &Syscall, p: &Event, out: &mut Out) {
         let last = self.sites.get(&(p.tid, s.nr)).copied().unwrap_or(0);
         if p.site == last {
             return;
@@ -260,15 +384,25 @@ impl Renderer {
         } else {
             self.sites.insert((p.tid, s.nr), p.site);
         }
-        let _ = writeln!(
-            out,
-            "{} {} prctl({:#x} /* PR_??? */, {:#x}, {}, {:#x}, 0) = -1 EINVAL (Invalid argument)",
+        let marker = Call {
+            name: "prctl".into(),
+            ret: Ret::Error("EINVAL".into()),
+            operand: sync_marker::from_words(CALL_SITE, s.nr as u64, p.site, 0)
+                .map_or(Operand::None, Operand::Marker),
+            ..Call::default()
+        };
+        out.line(
             p.tid,
-            self.time(p.ts),
-            crate::model::sync_marker::SYNC_MARKER,
-            crate::model::sync_marker::CALL_SITE,
-            s.nr,
-            p.site
+            traced::Event::Call(marker),
+            format_args!(
+                "{} {} prctl({:#x} /* PR_??? */, {:#x}, {}, {:#x}, 0) = -1 EINVAL (Invalid argument)",
+                p.tid,
+                self.time(p.ts),
+                sync_marker::SYNC_MARKER,
+                CALL_SITE,
+                s.nr,
+                p.site
+            ),
         );
     }
 
@@ -353,33 +487,7 @@ fn uring_op_name(op: u64) -> String {
 fn error_text(errno: i32) -> String {
     let msg = std::io::Error::from_raw_os_error(errno).to_string();
     let msg = msg.split(" (os error").next().unwrap_or("");
-    format!("-1 {} ({msg})", errno_name(errno))
-}
-
-fn errno_name(e: i32) -> String {
-    let name = match e {
-        libc::EBADF => "EBADF",
-        libc::EAGAIN => "EAGAIN",
-        libc::EINTR => "EINTR",
-        libc::EINPROGRESS => "EINPROGRESS",
-        libc::ECONNRESET => "ECONNRESET",
-        libc::ECONNREFUSED => "ECONNREFUSED",
-        libc::EPIPE => "EPIPE",
-        libc::ETIMEDOUT => "ETIMEDOUT",
-        libc::ENOTCONN => "ENOTCONN",
-        libc::ENOENT => "ENOENT",
-        libc::EINVAL => "EINVAL",
-        libc::ENOTSOCK => "ENOTSOCK",
-        libc::ECHILD => "ECHILD",
-        libc::ENOSYS => "ENOSYS",
-        libc::EPERM => "EPERM",
-        libc::EEXIST => "EEXIST",
-        libc::EADDRINUSE => "EADDRINUSE",
-        libc::ENOTTY => "ENOTTY",
-        libc::ERESTART => "ERESTARTSYS",
-        _ => return format!("E{e}"),
-    };
-    name.to_string()
+    format!("-1 {} ({msg})", super::decode::errno_name(errno))
 }
 
 /// The arguments as strace prints them, in the forms the checker reads: descriptors as

@@ -1,14 +1,13 @@
 //! The descriptor rules: uses, releases, double closes, stale handles, and releases judged
 //! by happens-before against other threads' waits.
 
-use super::calls::*;
 use super::*;
 
 impl Audit<'_> {
     /// Whether `c`, a call in progress in process `pid`, is on `fd` or waits for it through
     /// its epoll set (as the set is now); and which of the two.
     pub(super) fn waits_for(&self, pid: u32, c: &Inside, fd: i32) -> Option<bool> {
-        if c.fds.contains(&fd) {
+        if c.call.fds.contains(&fd) {
             return Some(false);
         }
         let set = self.procs.get(&pid)?.epoll_sets.get(&c.epoll?)?;
@@ -18,43 +17,30 @@ impl Audit<'_> {
     /// A call that releases descriptors, once it returned: `close`; `close_range` (all the
     /// open ones in its range, unless it only marks them close-on-exec); `dup2` and `dup3`,
     /// which release their target when it was open, then make it anew.
-    pub(super) fn release(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        name: &str,
-        args: &str,
-        ret: &str,
-        i: usize,
-    ) {
-        let ok = ret.starts_with('0')
-            || (name != "close" && name != "close_range" && !ret.starts_with('-'));
-        let arg = |n: usize| -> Option<i64> {
-            let a = args.split([',', ')']).nth(n)?.trim();
-            match a {
-                "~0" | "~0U" | "4294967295" => Some(u32::MAX as i64),
-                _ => a.parse().ok(),
-            }
-        };
-        match name {
-            "close" if ret.contains("EBADF") => {
-                if let Some(fd) = arg(0).filter(|fd| *fd >= 0) {
+    pub(super) fn release(&mut self, pid: u32, tid: u32, c: &Call, i: usize) {
+        let name = c.name.as_str();
+        let ok = c.ret.value() == Some(0)
+            || (name != "close" && name != "close_range" && !c.ret.failed());
+        match c.operand {
+            Operand::Close { fd } if c.ret.is_error("EBADF") => {
+                if fd >= 0 {
                     self.double_close(pid, tid, fd as i32, i);
                 }
             }
-            "close" => {
-                if let Some(fd) = arg(0).filter(|fd| ok && *fd >= 0) {
+            Operand::Close { fd } => {
+                if ok && fd >= 0 {
                     self.close(pid, tid, fd as i32, "close", i);
                 }
             }
-            "close_range" => {
-                let (Some(first), Some(last)) = (arg(0), arg(1)) else {
-                    return;
-                };
+            Operand::CloseRange {
+                first,
+                last,
+                cloexec,
+            } => {
                 if !ok {
                     return;
                 }
-                if args.contains("CLOSE_RANGE_CLOEXEC") {
+                if cloexec {
                     let p = self.procs.entry(pid).or_default();
                     for (_, f) in p
                         .fds
@@ -81,11 +67,11 @@ impl Audit<'_> {
                     self.close(pid, tid, fd, "close_range", i);
                 }
             }
+            _ if matches!(name, "close" | "close_range") => {}
             _ => {
                 // dup2(old, new) = new: `new`, when open and not `old`, is closed first.
-                let (old, new) = (arg(0), arg(1));
-                self.touch(pid, tid, name, &fds_of(name, args), i);
-                if let (Some(old), Some(new)) = (old, new) {
+                self.touch(pid, tid, name, &c.fds, i);
+                if let Operand::Dup { old, new } = c.operand {
                     let open = self
                         .procs
                         .get(&pid)
@@ -95,7 +81,7 @@ impl Audit<'_> {
                         self.close(pid, tid, new as i32, name, i);
                     }
                 }
-                self.effects(pid, tid, name, args, ret, i);
+                self.effects(pid, tid, c, i);
             }
         }
     }
@@ -185,7 +171,7 @@ impl Audit<'_> {
                 .filter(|(t, _)| **t != tid && self.tgid.get(t) == Some(&pid))
                 .filter_map(|(t, c)| {
                     let through_set = self.waits_for(pid, c, fd)?;
-                    Some((*t, c.name.clone(), through_set, c.line))
+                    Some((*t, c.call.name.clone(), through_set, c.line))
                 })
                 .collect();
             let verb = if how == "close" {
@@ -293,7 +279,7 @@ impl Audit<'_> {
                 for h in self.inherited.iter_mut() {
                     if h.origin == origin && h.closed.is_none() {
                         h.held_then |= self.inside.iter().any(|(t, c)| {
-                            self.tgid.get(t) == Some(&h.pid) && c.name != "exit_group"
+                            self.tgid.get(t) == Some(&h.pid) && c.call.name != "exit_group"
                         });
                     }
                 }
@@ -347,33 +333,31 @@ impl Audit<'_> {
     /// exec, or a daemon's start): this thread's closes around it make a run of three
     /// consecutive numbers with it.
     pub(super) fn in_sweep(&self, tid: u32, fd: i32, i: usize) -> bool {
-        let closed_by_tid = |line: &str| -> Option<i32> {
-            let (t, ev) = parse_line(line)?;
-            match ev {
-                Event::Call {
-                    name: "close",
-                    args,
+        let closed_by_tid = |t: &Option<Traced>| -> Option<i32> {
+            match t.as_ref()? {
+                Traced {
+                    tid: t,
+                    event: Event::Call(c) | Event::Started(c),
                     ..
-                }
-                | Event::Started {
-                    name: "close",
-                    args,
-                } if t == tid => args.split([',', ')']).next()?.trim().parse().ok(),
+                } if *t == tid => match c.operand {
+                    Operand::Close { fd } => i32::try_from(fd).ok(),
+                    _ => None,
+                },
                 _ => None,
             }
         };
-        let next: Vec<i32> = self.lines[i + 1..]
+        let next: Vec<i32> = self.events[i + 1..]
             .iter()
             .take(128)
-            .filter_map(|l| closed_by_tid(l))
+            .filter_map(&closed_by_tid)
             .take(2)
             .collect();
         // Its own start, when strace split it, is not a neighbour.
-        let prev: Vec<i32> = self.lines[..i]
+        let prev: Vec<i32> = self.events[..i]
             .iter()
             .rev()
             .take(128)
-            .filter_map(|l| closed_by_tid(l))
+            .filter_map(&closed_by_tid)
             .filter(|n| *n != fd)
             .take(2)
             .collect();
@@ -468,23 +452,16 @@ impl Audit<'_> {
     }
 
     /// `epoll_ctl(5, EPOLL_CTL_ADD, 7, {…}) = 0`: 7 joins (or with DEL leaves) set 5.
-    pub(super) fn epoll_ctl(&mut self, pid: u32, args: &str) {
-        let mut parts = args.split(',').map(str::trim);
-        let (Some(epfd), Some(op), Some(fd)) = (parts.next(), parts.next(), parts.next()) else {
-            return;
-        };
-        let (Ok(epfd), Ok(fd)) = (epfd.parse::<i32>(), fd.parse::<i32>()) else {
-            return;
-        };
+    pub(super) fn epoll_ctl(&mut self, pid: u32, epfd: i32, op: EpollOp, fd: i32) {
         let sets = &mut self.procs.entry(pid).or_default().epoll_sets;
         match op {
-            "EPOLL_CTL_ADD" => {
+            EpollOp::Add => {
                 sets.entry(epfd).or_default().insert(fd);
             }
-            "EPOLL_CTL_DEL" => {
+            EpollOp::Del => {
                 sets.entry(epfd).or_default().remove(&fd);
             }
-            _ => {}
+            EpollOp::Other => {}
         }
     }
 }

@@ -23,12 +23,12 @@
 //! - waits without a bound (`unbounded-waits`): blocking calls with no timeout still in progress
 //!   when the trace ends (reported when the watchdog fired).
 //!
-//! By concept: `recorder` (the command a rank runs under: strace or eBPF), `strace_line` (one
-//! line of a trace), `calls` (what each syscall does to descriptors and threads), this module
-//! (per-process state and the pass over a trace), `descriptors` (the descriptor rules),
-//! `sync_events` (the sync observer's markers), `inheritance` (`fork`, `execve` and exit).
+//! By concept: `recorder` (the command a rank runs under: strace or eBPF), `strace_line`
+//! (strace's text read into typed calls; the eBPF recorder writes them typed), this module
+//! (per-process state and the pass over a trace's typed events), `descriptors` (the
+//! descriptor rules), `sync_events` (the sync observer's markers), `inheritance` (`fork`,
+//! `execve` and exit). What a syscall does by its name is in `model::traced`.
 
-mod calls;
 mod descriptors;
 mod inheritance;
 mod recorder;
@@ -41,16 +41,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::model::scenario::AuditCheck;
-use crate::model::sync_marker::{self, SyncKind};
+use crate::model::sync_marker::SyncKind;
+use crate::model::traced::*;
 use crate::orchestration::happens_before::{Epoch, HappensBefore, Object};
 use crate::orchestration::wait_for::WaitFor;
 
-use self::calls::*;
 pub use self::recorder::{
     exact_perturbations, path_word, perturb_mechanism, preload_rules, statically_linked,
     strace_command, tracer_command, PerturbBy,
 };
-use self::strace_line::{parse_line, Event};
 
 /// One broken invariant, with the trace lines around it.
 #[derive(Clone, Debug, PartialEq)]
@@ -176,26 +175,38 @@ struct Process {
 
 /// A call in progress on a thread.
 struct Inside {
-    name: String,
-    args: String,
-    /// The descriptors it acts on or waits for directly.
-    fds: Vec<i32>,
+    call: Call,
     /// The epoll set it waits on (`epoll_wait`), whose members it waits for as they are now.
     epoll: Option<i32>,
     line: usize,
 }
 
-/// Read a whole trace and return every violation of the chosen checks, as after a hang.
+/// Read a whole strace trace and return every violation of the chosen checks, as after a hang.
 pub fn analyse(trace: &str, checks: &[AuditCheck]) -> Vec<Violation> {
-    analyse_after(trace, checks, true)
+    analyse_after(trace, None, checks, true)
 }
 
-/// Read a whole trace and return every violation of the chosen checks. Syscalls still in
+/// Check a whole trace and return every violation of the chosen checks: its typed events
+/// where the recorder wrote them (`calls`, the eBPF recorder's), else its text read as
+/// strace's. The text is the evidence either way: findings quote its lines. Syscalls still in
 /// progress without a timeout count (`unbounded-waits`) only when the run `hung`; the sync
 /// observer's untimed waits count whenever that check is on.
-pub fn analyse_after(trace: &str, checks: &[AuditCheck], hung: bool) -> Vec<Violation> {
+pub fn analyse_after(
+    trace: &str,
+    calls: Option<Vec<Traced>>,
+    checks: &[AuditCheck],
+    hung: bool,
+) -> Vec<Violation> {
+    let lines: Vec<&str> = trace.lines().collect();
+    let mut events: Vec<Option<Traced>> = vec![None; lines.len()];
+    for t in calls.unwrap_or_else(|| strace_line::read(trace)) {
+        if let Some(slot) = events.get_mut(t.line) {
+            *slot = Some(t);
+        }
+    }
     Audit {
-        lines: trace.lines().collect(),
+        lines,
+        events,
         checks,
         hung,
         ..Audit::default()
@@ -203,9 +214,16 @@ pub fn analyse_after(trace: &str, checks: &[AuditCheck], hung: bool) -> Vec<Viol
     .run()
 }
 
+/// The channel a descriptor's `shutdown` releases into and the read it ends (EOF) acquires.
+fn shutdown_channel(fd: i32) -> u64 {
+    (1 << 63) | fd as u32 as u64
+}
+
 #[derive(Default)]
 struct Audit<'a> {
     lines: Vec<&'a str>,
+    /// Each line's event, where it is one.
+    events: Vec<Option<Traced>>,
     checks: &'a [AuditCheck],
     tgid: BTreeMap<u32, u32>,
     procs: BTreeMap<u32, Process>,
@@ -302,26 +320,21 @@ impl Audit<'_> {
     }
 
     fn run(mut self) -> Vec<Violation> {
-        let lineage = threads_of(&self.lines);
+        let lineage = threads_of(&self.events);
         (self.tgid, self.parents, self.tools, self.own_sync) = (
             lineage.tgid,
             lineage.parents,
             lineage.tools,
             lineage.own_sync,
         );
-        for i in 0..self.lines.len() {
-            let line = self.lines[i];
-            let Some((tid, ev)) = parse_line(line) else {
+        for i in 0..self.events.len() {
+            // (A copy: the sweep check reads the neighbouring lines' events.)
+            let Some(Traced { tid, event, .. }) = self.events[i].clone() else {
                 continue;
             };
-            if let Event::Call {
-                name: "prctl",
-                args,
-                ..
-            } = &ev
-            {
+            if let Event::Call(c) = &event {
                 // The recorder's call-site bookkeeping is no call of the program's.
-                match sync_marker::parse(args).map(|m| (m.kind, m)) {
+                match c.marker().map(|m| (m.kind, m)) {
                     Some((SyncKind::CallSite, m)) => {
                         self.site_told(tid, m.object as i64, m.site);
                         continue;
@@ -339,29 +352,20 @@ impl Audit<'_> {
                     _ => {}
                 }
             }
-            if let Event::Call { name, .. } | Event::Started { name, .. } = &ev {
-                self.note_site(tid, name, i);
+            if let Event::Call(c) | Event::Started(c) = &event {
+                self.note_site(tid, &c.name, i);
             }
             let pid = *self.tgid.entry(tid).or_insert(tid);
             if self.tools.contains(&pid) {
                 continue;
             }
             self.inherit(pid);
-            if matches!(ev, Event::Call { .. } | Event::Started { .. }) {
+            if let Event::Call(c) | Event::Started(c) = &event {
                 self.alive(pid);
-            }
-            // A thread that makes a call (other than the futex its wait sleeps in, or the
-            // next marker) is not waiting any more.
-            let call = match &ev {
-                Event::Call { name, args, .. } | Event::Started { name, args } => {
-                    Some((*name, *args))
-                }
-                // The end of a call judged where it started.
-                _ => None,
-            };
-            if let Some((name, args)) = call {
-                let marker = name == "prctl" && sync_marker::parse(args).is_some();
-                if name != "futex" && !marker {
+                // A thread that makes a call (other than the futex its wait sleeps in, or the
+                // next marker) is not waiting any more; the end of a call is judged where it
+                // started.
+                if c.name != "futex" && c.marker().is_none() {
                     if let Some(w) = self.waits.get_mut(&pid) {
                         w.running(tid);
                     }
@@ -373,50 +377,40 @@ impl Audit<'_> {
                 .threads
                 .entry(tid)
                 .or_default();
-            match ev {
-                Event::Call { name, args, ret } => self.call(pid, tid, name, args, ret, i),
-                Event::Started { name, args } => {
-                    if name == "exit_group" {
+            match event {
+                Event::Call(c) => self.call(pid, tid, &c, i),
+                Event::Started(c) => {
+                    if c.name == "exit_group" {
                         // It does not return: the eBPF recorder prints it as unfinished.
                         self.procs.entry(pid).or_default().exiting = true;
                     }
-                    let fds = fds_of(name, args);
                     // A release is judged where it returns (a close of a closed number fails
                     // there with EBADF); its start is not a use of what it releases.
-                    let used: &[i32] = if releases(name) { &[] } else { &fds };
-                    self.touch(pid, tid, name, used, i);
-                    let epoll = fds.first().copied().filter(|_| waits_on_epoll(name));
+                    let used: &[i32] = if releases(&c.name) { &[] } else { &c.fds };
+                    self.touch(pid, tid, &c.name, used, i);
+                    let epoll = c.fds.first().copied().filter(|_| waits_on_epoll(&c.name));
                     self.inside.insert(
                         tid,
                         Inside {
-                            name: name.to_string(),
-                            args: args.to_string(),
-                            fds,
+                            call: c,
                             epoll,
                             line: i,
                         },
                     );
                 }
-                Event::Resumed { name, args, ret } => {
-                    if let Some(call) = self.inside.remove(&tid).filter(|c| c.name == name) {
-                        if let Some(site) = self.line_sites.get(&call.line).copied() {
+                Event::Resumed(c) => {
+                    if let Some(started) =
+                        self.inside.remove(&tid).filter(|s| s.call.name == c.name)
+                    {
+                        if let Some(site) = self.line_sites.get(&started.line).copied() {
                             self.line_sites.insert(i, site);
                         }
                         // Usage was noted when it started; its effects count where it returned,
-                        // with what the call wrote (fds) or sent, when printed only then.
-                        // strace prints only the rest there (`[3, 4]) = 0`), after the flags
-                        // it printed at the start: both are read.
-                        let joined;
-                        let args = if !args.is_empty() && returns_args(name) {
-                            joined = format!("{}{args}", call.args);
-                            &joined
+                        // with what it made or sent (known only then).
+                        if releases(&c.name) {
+                            self.release(pid, tid, &c, i);
                         } else {
-                            &call.args
-                        };
-                        if releases(&call.name) {
-                            self.release(pid, tid, &call.name, args, ret, i);
-                        } else {
-                            self.effects(pid, tid, &call.name, args, ret, i);
+                            self.effects(pid, tid, &c, i);
                         }
                     }
                 }
@@ -493,8 +487,8 @@ impl Audit<'_> {
         let stuck = self
             .inside
             .iter()
-            .filter(|(t, c)| theirs(t) && unbounded(&c.name, &c.args))
-            .map(|(t, c)| (*t, c.name.clone(), c.line))
+            .filter(|(t, c)| theirs(t) && c.call.unbounded)
+            .map(|(t, c)| (*t, c.call.name.clone(), c.line))
             .collect();
         let cycles = self
             .waits
@@ -538,56 +532,56 @@ impl Audit<'_> {
     }
 
     /// A call that completed on one line.
-    fn call(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
-        if let Some(req) = uring_request(name, args) {
-            // `io_uring_op(7, IORING_OP_RECV, 0x…)`: in flight on fd 7 until its completion.
-            if name == "io_uring_done" {
-                self.uring.remove(&(pid, req));
+    fn call(&mut self, pid: u32, tid: u32, c: &Call, i: usize) {
+        match &c.operand {
+            Operand::UringDone { req } => {
+                self.uring.remove(&(pid, *req));
                 return;
             }
-            let mut a = args.split(',').map(str::trim);
-            if let (Some(Ok(fd)), Some(op)) = (a.next().map(str::parse::<i32>), a.next()) {
-                if fd >= 0 {
-                    self.use_fd(pid, tid, name, fd, i);
-                    let op = op.trim_start_matches("IORING_OP_").to_string();
-                    self.uring.insert(
-                        (pid, req),
-                        InFlight {
-                            tid,
-                            fd,
-                            op,
-                            line: i,
-                        },
-                    );
-                }
+            Operand::UringOp { fd, op, req } => {
+                // `io_uring_op(7, IORING_OP_RECV, 0x…)`: in flight on fd 7 until its completion.
+                self.use_fd(pid, tid, &c.name, *fd, i);
+                self.uring.insert(
+                    (pid, *req),
+                    InFlight {
+                        tid,
+                        fd: *fd,
+                        op: op.clone(),
+                        line: i,
+                    },
+                );
+                return;
             }
+            // (One the recorder could not read.)
+            _ if matches!(c.name.as_str(), "io_uring_op" | "io_uring_done") => return,
+            _ => {}
+        }
+        if releases(&c.name) {
+            self.release(pid, tid, c, i);
             return;
         }
-        if releases(name) {
-            self.release(pid, tid, name, args, ret, i);
-            return;
-        }
-        self.touch(pid, tid, name, &fds_of(name, args), i);
-        self.effects(pid, tid, name, args, ret, i);
+        self.touch(pid, tid, &c.name, &c.fds, i);
+        self.effects(pid, tid, c, i);
     }
 
     /// What a finished call leaves behind: new fds, new threads, EBADF, step markers.
-    fn effects(&mut self, pid: u32, tid: u32, name: &str, args: &str, ret: &str, i: usize) {
+    fn effects(&mut self, pid: u32, tid: u32, c: &Call, i: usize) {
         let in_step = self.step.contains_key(&pid).then_some(i);
-        if let Some(m) = (name == "prctl")
-            .then(|| sync_marker::parse(args))
-            .flatten()
-        {
-            self.sync(pid, tid, m, i);
-            return;
+        let name = c.name.as_str();
+        match &c.operand {
+            Operand::Marker(m) => {
+                self.sync(pid, tid, *m, i);
+                return;
+            }
+            Operand::Receiver(fd) => {
+                let p = self.procs.entry(pid).or_default();
+                p.names_receivers = true;
+                p.threads.entry(tid).or_default().named_receiver_of = Some(*fd);
+                return;
+            }
+            _ => {}
         }
-        if let Some(fd) = (name == "prctl").then(|| named_receiver(args)).flatten() {
-            let p = self.procs.entry(pid).or_default();
-            p.names_receivers = true;
-            p.threads.entry(tid).or_default().named_receiver_of = Some(fd);
-            return;
-        }
-        if let Some((child, thread)) = cloned_thread(name, args, ret) {
+        if let Some((child, thread)) = c.cloned() {
             self.hb.spawn(tid, child);
             if thread {
                 self.tgid.insert(child, pid);
@@ -603,23 +597,19 @@ impl Audit<'_> {
             self.procs.entry(pid).or_default().exiting = true;
             return;
         }
-        let returned: Option<i64> = ret.split_whitespace().next().and_then(|r| r.parse().ok());
-        if name == "futex" {
+        let returned = c.ret.value();
+        if let Operand::Futex { addr, op } = c.operand {
             // Code that does not go through pthreads (Rust's std locks, Go): a wake that woke
             // someone orders the waker before the wait it ended, where futex is recorded.
-            let mut a = args.split(',').map(str::trim);
-            let word = a
-                .next()
-                .and_then(|w| u64::from_str_radix(w.strip_prefix("0x")?, 16).ok());
-            let op = a.next().unwrap_or("");
-            if let Some(addr) = word {
-                let object = Object::Address { pid, addr };
-                if op.starts_with("FUTEX_WAKE") && returned.is_some_and(|n| n > 0) {
-                    self.hb.release(tid, object);
-                } else if op.starts_with("FUTEX_WAIT") && returned == Some(0) {
-                    self.hb.acquire(tid, object);
-                }
+            let object = Object::Address { pid, addr };
+            if op == FutexOp::Wake && returned.is_some_and(|n| n > 0) {
+                self.hb.release(tid, object);
+            } else if op == FutexOp::Wait && returned == Some(0) {
+                self.hb.acquire(tid, object);
             }
+            return;
+        }
+        if name == "futex" {
             return;
         }
         if matches!(name, "wait4" | "waitid") {
@@ -627,23 +617,20 @@ impl Audit<'_> {
                 self.hb.acquire(tid, Object::ProcessEnd(child as u32));
             }
         }
-        if name == "execve" && returned == Some(0) {
-            self.new_image(pid, i);
-            let path = args.strip_prefix('"').and_then(|a| a.split('"').next());
-            self.procs.entry(pid).or_default().exe =
-                path.filter(|p| !p.is_empty()).map(str::to_string);
+        if let Operand::Exec { path } = &c.operand {
+            if returned == Some(0) {
+                self.new_image(pid, i);
+                self.procs.entry(pid).or_default().exe = path.clone();
+            }
         }
-        if name == "fcntl" && args.contains("F_SETFD") && returned == Some(0) {
-            let mut a = args.split(',').map(str::trim);
-            if let (Some(Ok(fd)), Some(flag)) = (a.next().map(str::parse::<i32>), a.nth(1)) {
-                let on =
-                    flag.contains("FD_CLOEXEC") || flag.parse::<u64>().is_ok_and(|v| v & 1 == 1);
+        if let Operand::SetCloexec { fd, on } = c.operand {
+            if returned == Some(0) {
                 if let Some(f) = self.procs.entry(pid).or_default().fds.get_mut(&fd) {
                     f.cloexec = on;
                 }
             }
         }
-        let first_fd = fds_of(name, args).first().copied();
+        let first_fd = c.fds.first().copied();
         if let Some(fd) = first_fd {
             let channel = self
                 .procs
@@ -674,19 +661,17 @@ impl Audit<'_> {
                 self.hb.acquire(tid, Object::Channel { pid, id });
             }
         }
-        let made = creates_fds(name, args, ret);
-        let channel = (made.len() == 2 || name.starts_with("eventfd")).then(|| {
+        let channel = (c.made.len() == 2 || name.starts_with("eventfd")).then(|| {
             self.channels += 1;
             self.channels
         });
         // A copy (dup, F_DUPFD) is of its source's kind; close-on-exec is the copy's own.
         let source_conduit = matches!(name, "dup" | "dup2" | "dup3" | "fcntl")
-            .then(|| first_fd)
+            .then_some(first_fd)
             .flatten()
             .and_then(|fd| self.procs.get(&pid)?.fds.get(&fd)?.conduit);
         let conduit = conduit_of(name).or(source_conduit);
-        let cloexec = born_cloexec(name, args);
-        for (k, new) in made.into_iter().enumerate() {
+        for (k, new) in c.made.iter().copied().enumerate() {
             // A pipe's reader waits for the end of its write end only.
             let conduit = conduit.filter(|c| *c != "pipe" || k == 1);
             // The kernel hands out a number only once it is free: a close of it still in
@@ -694,8 +679,10 @@ impl Audit<'_> {
             let closing: Vec<u32> = self
                 .inside
                 .iter()
-                .filter(|(t, c)| {
-                    c.name == "close" && c.fds.contains(&new) && self.tgid.get(t) == Some(&pid)
+                .filter(|(t, s)| {
+                    s.call.name == "close"
+                        && s.call.fds.contains(&new)
+                        && self.tgid.get(t) == Some(&pid)
                 })
                 .map(|(t, _)| *t)
                 .collect();
@@ -719,18 +706,18 @@ impl Audit<'_> {
                     stale_closer,
                     channel,
                     id: self.fd_ids,
-                    cloexec,
+                    cloexec: c.cloexec,
                     conduit,
                     image_made: Some(i),
                     ..Fd::default()
                 },
             );
         }
-        if name == "epoll_ctl" && ret.starts_with('0') {
-            self.epoll_ctl(pid, args);
+        if let (Operand::EpollCtl { epfd, op, fd }, Some(0)) = (&c.operand, returned) {
+            self.epoll_ctl(pid, *epfd, *op, *fd);
         }
-        let fds = if ret.contains("EBADF") && self.on(AuditCheck::FdLifecycle) {
-            fds_of(name, args)
+        let fds = if c.ret.is_error("EBADF") && self.on(AuditCheck::FdLifecycle) {
+            c.fds.clone()
         } else {
             vec![]
         };
@@ -739,22 +726,22 @@ impl Audit<'_> {
             let already = self.out.iter().any(|v| {
                 v.check == "use after close" && v.context.iter().any(|(n, _)| *n == i + 1)
             });
-            if let (Some(c), false) = (closed, already) {
+            if let (Some(closed), false) = (closed, already) {
                 self.flag(
                     "use after close",
                     pid,
                     Some(fd),
                     format!(
                         "thread {tid} called {name}() on fd {fd} after its close (line {}): EBADF",
-                        c + 1
+                        closed + 1
                     ),
                     i,
-                    &[c],
+                    &[closed],
                 );
             }
         }
-        if matches!(name, "write" | "sendto") {
-            self.marker(pid, args, i);
+        if let Operand::Step(mark) = c.operand {
+            self.marker(pid, mark, i);
         }
     }
 }
@@ -763,47 +750,35 @@ impl Audit<'_> {
 /// its creator's clone returns (strace and the ring buffer both show that under load), and
 /// read in one pass they would be taken for another process's.
 /// Also every process's parent.
-fn threads_of(lines: &[&str]) -> Lineage {
+fn threads_of(events: &[Option<Traced>]) -> Lineage {
     let mut tgid: BTreeMap<u32, u32> = BTreeMap::new();
     let mut parents: BTreeMap<u32, u32> = BTreeMap::new();
-    let mut started: BTreeMap<u32, &str> = BTreeMap::new();
     let mut tools: BTreeSet<u32> = BTreeSet::new();
     // Threads that said their next process is the harness's tool.
     let mut starting_tool: BTreeSet<u32> = BTreeSet::new();
     // Threads whose process said it synchronizes through futexes of its own.
     let mut own_sync_threads: BTreeSet<u32> = BTreeSet::new();
-    for line in lines {
-        let Some((tid, ev)) = parse_line(line) else {
-            continue;
-        };
-        if let Event::Call {
-            name: "prctl",
-            args,
-            ..
-        } = ev
-        {
-            match sync_marker::parse(args).map(|m| m.kind) {
-                Some(SyncKind::Tool) => {
-                    starting_tool.insert(tid);
-                    continue;
+    for Traced { tid, event, .. } in events.iter().flatten() {
+        let tid = *tid;
+        let c = match event {
+            Event::Call(c) => {
+                match c.marker().map(|m| m.kind) {
+                    Some(SyncKind::Tool) => {
+                        starting_tool.insert(tid);
+                        continue;
+                    }
+                    Some(SyncKind::OwnSync) => {
+                        own_sync_threads.insert(tid);
+                        continue;
+                    }
+                    _ => {}
                 }
-                Some(SyncKind::OwnSync) => {
-                    own_sync_threads.insert(tid);
-                    continue;
-                }
-                _ => {}
+                c
             }
-        }
-        let (name, args, ret) = match ev {
-            Event::Started { name, args } if name.starts_with("clone") => {
-                started.insert(tid, args);
-                continue;
-            }
-            Event::Call { name, args, ret } => (name, args, ret),
-            Event::Resumed { name, ret, .. } => (name, started.remove(&tid).unwrap_or(""), ret),
+            Event::Resumed(c) => c,
             _ => continue,
         };
-        match cloned_thread(name, args, ret) {
+        match c.cloned() {
             Some((child, true)) => {
                 let root = *tgid.get(&tid).unwrap_or(&tid);
                 tgid.insert(child, root);

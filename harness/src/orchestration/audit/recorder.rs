@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use super::calls::{MAKES_ONE_FD, MAKES_TWO_FDS};
 use crate::model::scenario::{AuditBackend, AuditCheck, Perturb};
+use crate::model::traced::{MAKES_ONE_FD, MAKES_TWO_FDS};
 
 /// The syscalls the audit needs to see (strace's `-e trace=`): sockets, threads and processes,
 /// every call that makes a descriptor, and the calls that use or close one. Not mmap, stat and

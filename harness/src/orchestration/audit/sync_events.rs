@@ -5,7 +5,13 @@ use super::*;
 
 impl Audit<'_> {
     /// A sync observer's marker: an edge of happens-before, or the observer saying it is here.
-    pub(super) fn sync(&mut self, pid: u32, tid: u32, m: sync_marker::SyncMarker, i: usize) {
+    pub(super) fn sync(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        m: crate::model::sync_marker::SyncMarker,
+        i: usize,
+    ) {
         let object = Object::Address {
             pid,
             addr: m.object,
@@ -66,16 +72,13 @@ impl Audit<'_> {
 
     /// The rank reports each step's start and end to the coordinator; those writes bound the
     /// step for the leak check.
-    pub(super) fn marker(&mut self, pid: u32, args: &str, i: usize) {
-        if args.contains("step-start") {
+    pub(super) fn marker(&mut self, pid: u32, mark: StepMark, i: usize) {
+        if mark == StepMark::Start {
             self.step.insert(pid, i);
             let p = self.procs.entry(pid).or_default();
             p.stepped = true;
             p.fds.values_mut().for_each(|f| f.created = None);
             p.threads.values_mut().for_each(|t| t.created = None);
-            return;
-        }
-        if !(args.contains("step-result") || args.contains("step-error")) {
             return;
         }
         let Some(start) = self.step.remove(&pid) else {

@@ -1,4 +1,5 @@
 use super::recorder::trace_filter;
+use super::strace_line::{polled_fds, selected_fds};
 use super::*;
 use crate::model::duration::HumanDuration;
 use crate::model::scenario::Perturb;
@@ -700,6 +701,7 @@ fn a_hang_is_judged_when_the_harness_takes_its_stacks_and_its_tool_is_not_judged
     );
     let v = analyse_after(
         &t,
+        None,
         &[AuditCheck::UnboundedWaits, AuditCheck::FdLifecycle],
         false,
     );

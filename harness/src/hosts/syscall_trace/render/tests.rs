@@ -14,7 +14,7 @@ fn ev(tid: u32, kind: Kind, name: &str, args: [u64; 6], ret: i64) -> Event {
     }
 }
 
-fn started(r: &mut Renderer, out: &mut String) {
+fn started(r: &mut Renderer, out: &mut Out) {
     let mut e = ev(100, Kind::Exit, "execve", [0; 6], 0);
     e.tgid = 100;
     r.feed(e, out);
@@ -23,7 +23,7 @@ fn started(r: &mut Renderer, out: &mut String) {
 #[test]
 fn a_call_alone_is_one_line_and_an_interleaved_one_is_split_as_strace_splits_it() {
     let mut r = Renderer::new(100, 0);
-    let mut out = String::new();
+    let mut out = Out::default();
     started(&mut r, &mut out);
     let mut clone = ev(100, Kind::Enter, "clone3", [0x5000, 88, 0, 0, 0, 0], 0);
     clone.captures[0] = (libc::CLONE_VM as u64 | libc::CLONE_THREAD as u64)
@@ -62,7 +62,7 @@ fn a_call_alone_is_one_line_and_an_interleaved_one_is_split_as_strace_splits_it(
 #[test]
 fn the_tracers_child_is_recorded_from_its_exec() {
     let mut r = Renderer::new(100, 0);
-    let mut out = String::new();
+    let mut out = Out::default();
     r.feed(
         ev(100, Kind::Enter, "close", [3, 0, 0, 0, 0, 0], 0),
         &mut out,
@@ -84,7 +84,7 @@ fn the_tracers_child_is_recorded_from_its_exec() {
 #[test]
 fn sets_strings_and_returned_pairs_are_spelled_out() {
     let mut r = Renderer::new(100, 0);
-    let mut out = String::new();
+    let mut out = Out::default();
     started(&mut r, &mut out);
     let mut poll = ev(100, Kind::Enter, "ppoll", [0x1000, 2, 0, 0, 8, 0], 0);
     let mut fds = vec![];
@@ -151,9 +151,9 @@ fn a_record_of_the_kernel_sides_size_decodes_and_a_short_one_does_not() {
 #[test]
 fn a_call_site_is_told_before_a_call_when_it_changes_and_only_then() {
     let mut r = Renderer::new(100, 0);
-    let mut out = String::new();
+    let mut out = Out::default();
     started(&mut r, &mut out);
-    let call = |r: &mut Renderer, out: &mut String, site: u64| {
+    let call = |r: &mut Renderer, out: &mut Out, site: u64| {
         let mut e = ev(101, Kind::Enter, "read", [7, 0, 8, 0, 0, 0], 0);
         e.site = site;
         r.feed(e, out);
