@@ -243,9 +243,10 @@ bench-twice *args="": build-deps (apt "sockperf" "iperf3")
 bench-launch *args="": build-deps setup-slurm setup-containers
     cargo run --release -q -p wringer --bin wringer -- bench --launch-slurm hosts/slurm-containers.yaml --launch-ssh hosts/containers.yaml --ranks 8,32,64 --out reports/bench-launch {{args}}
 
-# What the lifecycle audit costs: whole audited scenarios with the eBPF and the strace recorder, each against the same scenario unaudited, in alternating rounds.
+# What the lifecycle audit costs: whole audited scenarios with the eBPF and the strace recorder, each against the same scenario unaudited, in alternating rounds; then the recorder's and the checker's time per trace (criterion: rendering, typed events written and read, a check from typed events or from text).
 bench-audit hosts="hosts/local.yaml" *args="": build-deps (apt "strace")
     cargo run --release -q -p wringer --bin wringer -- bench --audit-cost {{hosts}} --out reports/bench-audit {{args}}
+    cargo bench -p wringer --all-features --bench audit_trace
 
 # The transport's concurrency under a model checker (shuttle, PCT schedules): the read path with one and two callers, a reset read once, and teardown against callers in recv and send, 1,000 schedules each; every concurrency bug switch makes a model fail, and the schedule it wrote fails again on replay (transport/tests/model.rs, docs/model-check.md).
 model-check:

@@ -166,8 +166,8 @@ fn audited_checks(
     // The eBPF recorder's typed events, beside its trace, are what the checker reads; its
     // text, read as strace's, must say the same.
     let calls_path = wringer::hosts::syscall_trace::calls_path(&trace);
-    let calls = std::fs::read_to_string(&calls_path)
-        .unwrap_or_else(|e| panic!("{}: {e}", calls_path.display()));
+    let calls =
+        std::fs::read(&calls_path).unwrap_or_else(|e| panic!("{}: {e}", calls_path.display()));
     let typed = wringer::hosts::syscall_trace::typed_events(&text, &calls)
         .unwrap_or_else(|| panic!("{} does not cover its trace", calls_path.display()));
     assert!(typed.len() > 10, "{} typed events\n{text}", typed.len());

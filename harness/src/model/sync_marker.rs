@@ -20,7 +20,7 @@ pub const TOOL: u64 = 11;
 /// it may hand things over with nothing in the trace to show it.
 pub const OWN_SYNC: u64 = 12;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncKind {
     /// The observer is loaded in this process: its pthread operations are all reported.
     Attach,
@@ -105,7 +105,7 @@ impl SyncMarker {
 }
 
 /// One marker, as the trace holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyncMarker {
     pub kind: SyncKind,
     /// The lock, condition, semaphore or barrier's address; a thread's handle (pthread_t) for
@@ -131,6 +131,26 @@ pub fn parse(args: &str) -> Option<SyncMarker> {
     let kind = next()?;
     let object = next()?;
     from_words(kind, object, next().unwrap_or(0), next().unwrap_or(0))
+}
+
+impl SyncKind {
+    /// The word a marker of this kind carries (`from_words`' inverse).
+    pub fn word(self) -> u64 {
+        match self {
+            SyncKind::Attach => 1,
+            SyncKind::Acquire => 2,
+            SyncKind::Release => 3,
+            SyncKind::Wait => 4,
+            SyncKind::Hold => 5,
+            SyncKind::Drop => 6,
+            SyncKind::End => 7,
+            SyncKind::Start => 8,
+            SyncKind::SiteSlot => 9,
+            SyncKind::CallSite => CALL_SITE,
+            SyncKind::Tool => TOOL,
+            SyncKind::OwnSync => OWN_SYNC,
+        }
+    }
 }
 
 /// The marker a `prctl(SYNC_MARKER, kind, object, site, aux)` makes; `None` for an unknown kind.
@@ -185,6 +205,15 @@ mod tests {
         assert_eq!(parse(whole).unwrap().aux, 0x2a4a);
         let a = parse("0x57534e43 /* PR_??? */, 0x1, 0x24d3, 0, 0").unwrap();
         assert_eq!((a.kind, a.object), (SyncKind::Attach, 0x24d3));
+    }
+
+    #[test]
+    fn every_kind_makes_its_word_back() {
+        for w in 1..=12 {
+            let m = from_words(w, 1, 2, 3).unwrap();
+            assert_eq!(m.kind.word(), w);
+        }
+        assert_eq!(from_words(13, 1, 2, 3), None);
     }
 
     #[test]

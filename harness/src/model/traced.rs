@@ -4,19 +4,19 @@
 //! no text of its own recorder. What a syscall does by its name alone (which descriptors it
 //! uses, makes, waits on or releases) is here too, for both.
 
-use serde::{Deserialize, Serialize};
+pub mod codec;
 
 use super::sync_marker::SyncMarker;
 
 /// One line of a trace: its number in the trace's text (0-based), the thread, the event.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Traced {
     pub line: usize,
     pub tid: u32,
     pub event: Event,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A call that completed on this line.
     Call(Call),
@@ -31,37 +31,26 @@ pub enum Event {
 }
 
 /// A syscall and what it does to descriptors, threads and the audit's bookkeeping.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Call {
     pub name: String,
-    #[serde(default)]
     pub ret: Ret,
     /// The descriptors it acts on or waits for directly (none for a probe: `fcntl` F_GETFD and
     /// kin ask about a number without using it).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fds: Vec<i32>,
     /// The descriptors it made (known once it returned).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub made: Vec<i32>,
     /// What it made is close-on-exec.
-    #[serde(default, skip_serializing_if = "is_false")]
     pub cloexec: bool,
     /// It may block with no timeout.
-    #[serde(default, skip_serializing_if = "is_false")]
     pub unbounded: bool,
     /// A clone that made a thread of the same process (`CLONE_THREAD`), not a process.
-    #[serde(default, skip_serializing_if = "is_false")]
     pub thread: bool,
-    #[serde(default, skip_serializing_if = "Operand::is_none")]
     pub operand: Operand,
 }
 
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
 /// What a call returned.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum Ret {
     /// Still in progress, or the recorder could not say (`?`).
     #[default]
@@ -90,7 +79,7 @@ impl Ret {
 }
 
 /// The operands the checker reads beyond the descriptors, by the kind of call.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum Operand {
     #[default]
     None,
@@ -145,13 +134,7 @@ pub enum Operand {
     Step(StepMark),
 }
 
-impl Operand {
-    fn is_none(&self) -> bool {
-        matches!(self, Operand::None)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FutexOp {
     /// `FUTEX_WAIT` and kin: a return of 0 means a wake ended it.
     Wait,
@@ -160,7 +143,7 @@ pub enum FutexOp {
     Other,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EpollOp {
     Add,
     Del,
@@ -168,7 +151,7 @@ pub enum EpollOp {
 }
 
 /// Where a rank's step report bounds its step (for `leaks`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StepMark {
     Start,
     End,
@@ -366,36 +349,6 @@ pub fn blocks_until_a_peer_acts(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_record_reads_back_as_it_was_written() {
-        let t = Traced {
-            line: 7,
-            tid: 42,
-            event: Event::Call(Call {
-                name: "pipe2".into(),
-                ret: Ret::Value(0),
-                made: vec![3, 4],
-                cloexec: true,
-                ..Call::default()
-            }),
-        };
-        let json = serde_json::to_string(&t).unwrap();
-        assert_eq!(serde_json::from_str::<Traced>(&json).unwrap(), t);
-        let e = Traced {
-            line: 8,
-            tid: 42,
-            event: Event::Resumed(Call {
-                name: "close".into(),
-                ret: Ret::Error("EBADF".into()),
-                fds: vec![5],
-                operand: Operand::Close { fd: 5 },
-                ..Call::default()
-            }),
-        };
-        let json = serde_json::to_string(&e).unwrap();
-        assert_eq!(serde_json::from_str::<Traced>(&json).unwrap(), e);
-    }
 
     #[test]
     fn results_say_what_they_are() {

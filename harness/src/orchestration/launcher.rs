@@ -596,21 +596,23 @@ impl RankGroup {
 
     /// Rank `rank`'s typed events, where its recorder wrote them (the eBPF recorder's, beside
     /// its trace; kept beside the local copy of the trace). `None` where there are none.
-    pub fn fetch_calls(&self, rank: u32) -> Option<String> {
+    pub fn fetch_calls(&self, rank: u32) -> Option<Vec<u8>> {
         let local = crate::hosts::syscall_trace::calls_path(&self.trace_path(rank));
         if let Some(h) = self.target(rank) {
             let remote = format!("{}.calls", self.remote_trace(rank));
-            let text = h
+            // Bytes, not text: `run` hands stdout back as it came.
+            let out = h
                 .target
-                .check(&["cat", "--", &remote], Duration::from_secs(60))
-                .ok()?;
+                .run(&["cat", "--", &remote], Duration::from_secs(60))
+                .ok()
+                .filter(|o| o.status.success())?;
             let _ = h
                 .target
                 .run(&["rm", "-f", "--", &remote], Duration::from_secs(10));
-            let _ = std::fs::write(&local, &text);
-            return Some(text);
+            let _ = std::fs::write(&local, &out.stdout);
+            return Some(out.stdout);
         }
-        std::fs::read_to_string(&local).ok()
+        std::fs::read(&local).ok()
     }
 
     /// Processes of this run still alive after `kill_all` (there must be none): ranks, and

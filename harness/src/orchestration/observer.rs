@@ -54,8 +54,8 @@ impl fmt::Display for Finding {
 pub struct Recording {
     pub path: PathBuf,
     pub text: String,
-    /// The typed events of `text`, where its recorder wrote them (JSON lines).
-    pub calls: Option<String>,
+    /// The typed events of `text`, where its recorder wrote them (`model::traced::codec`).
+    pub calls: Option<Vec<u8>>,
 }
 
 /// An observer of ranks: what it recorded, and what that shows.

@@ -82,8 +82,8 @@ pub fn trace(
     anyhow::bail!("this wringer was built without its eBPF program (no clang at build time)")
 }
 
-/// Where the eBPF recorder writes the typed events of the trace it writes to `trace`: one
-/// JSON [`Traced`](crate::model::traced::Traced) a line, numbered by the trace's lines.
+/// Where the eBPF recorder writes the typed events of the trace it writes to `trace`, in the
+/// compact form of [`codec`](crate::model::traced::codec), numbered by the trace's lines.
 pub fn calls_path(trace: &Path) -> std::path::PathBuf {
     let mut p = trace.as_os_str().to_owned();
     p.push(".calls");
@@ -91,14 +91,10 @@ pub fn calls_path(trace: &Path) -> std::path::PathBuf {
 }
 
 /// The typed events of `trace`, as [`calls_path`] holds them (`calls`), when they are whole:
-/// every line one event, and none of the trace's lines after the last of them an event (a
+/// every record complete, and none of the trace's lines after the last of them an event (a
 /// recorder killed mid-write). `None` otherwise: then the trace's text is read instead.
-pub fn typed_events(trace: &str, calls: &str) -> Option<Vec<crate::model::traced::Traced>> {
-    let events: Vec<crate::model::traced::Traced> = calls
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()
-        .ok()?;
+pub fn typed_events(trace: &str, calls: &[u8]) -> Option<Vec<crate::model::traced::Traced>> {
+    let events = crate::model::traced::codec::decode_all(calls)?;
     let covered = events.last().map_or(0, |e| e.line + 1);
     let rest_are_notes = trace
         .lines()
@@ -295,6 +291,7 @@ mod kernel {
         let calls_path = super::calls_path(out);
         let mut calls = File::create(&calls_path)
             .with_context(|| format!("creating {}", calls_path.display()))?;
+        calls.write_all(crate::model::traced::codec::MAGIC)?;
         {
             let mut traced: HashMap<_, u32, u8> =
                 HashMap::try_from(tracer.bpf.map_mut("traced").context("no traced map")?)?;
@@ -355,8 +352,7 @@ mod kernel {
             let (lines, events) = text.take();
             let mut typed = Vec::new();
             for e in &events {
-                serde_json::to_writer(&mut typed, e)?;
-                typed.push(b'\n');
+                crate::model::traced::codec::encode(e, &mut typed);
             }
             calls.write_all(&typed)?;
             if !lines.is_empty() {
@@ -379,25 +375,30 @@ mod tests {
 
     #[test]
     fn typed_events_are_used_only_when_they_cover_the_trace() {
+        use crate::model::traced::{codec, Event, Traced};
         let trace = "1 1.0 close(3) = 0\n2 1.1 close(4) = 0\n# wringer-ebpf: lost 2 events\n";
-        let one = |line: usize| {
-            let e = crate::model::traced::Traced {
-                line,
-                tid: 1,
-                event: crate::model::traced::Event::Exited,
-            };
-            serde_json::to_string(&e).unwrap()
+        let file = |lines: &[usize]| {
+            let mut b = codec::MAGIC.to_vec();
+            for line in lines {
+                let e = Traced {
+                    line: *line,
+                    tid: 1,
+                    event: Event::Exited,
+                };
+                codec::encode(&e, &mut b);
+            }
+            b
         };
-        let both = format!("{}\n{}\n", one(0), one(1));
-        assert_eq!(typed_events(trace, &both).map(|e| e.len()), Some(2));
-        // The second line has no event: the recorder stopped between its two writes.
-        assert_eq!(typed_events(trace, &format!("{}\n", one(0))), None);
-        // A line cut short.
         assert_eq!(
-            typed_events(trace, &format!("{}\n{{\"line\":1", one(0))),
-            None
+            typed_events(trace, &file(&[0, 1])).map(|e| e.len()),
+            Some(2)
         );
-        assert_eq!(typed_events("", ""), Some(vec![]));
+        // The second line has no event: the recorder stopped between its two writes.
+        assert_eq!(typed_events(trace, &file(&[0])), None);
+        // A record cut short.
+        let whole = file(&[0, 1]);
+        assert_eq!(typed_events(trace, &whole[..whole.len() - 2]), None);
+        assert_eq!(typed_events("", &file(&[])), Some(vec![]));
     }
 
     #[test]

@@ -129,6 +129,26 @@ impl Event {
     }
 }
 
+impl Event {
+    /// A call of `name` (a recorded syscall) in process 100, one second into the clock, with
+    /// nothing captured: the events tests and benches make.
+    pub fn of(tid: u32, kind: Kind, name: &str, args: [u64; 6], ret: i64) -> Event {
+        Event {
+            ts: 1_000_000_000,
+            tid,
+            tgid: 100,
+            kind,
+            nr: table::recorded(true)
+                .find(|s| s.name == name)
+                .map_or(-1, |s| s.nr),
+            args,
+            ret,
+            captures: [vec![], vec![]],
+            site: 0,
+        }
+    }
+}
+
 /// A call in progress this long is printed as unfinished, so that a trace cut by a kill still
 /// shows where its threads were.
 const PENDING_NS: u64 = 50_000_000;

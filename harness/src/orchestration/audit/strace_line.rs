@@ -536,19 +536,8 @@ mod tests {
     #[test]
     fn the_ebpf_recorders_typed_events_agree_with_its_text() {
         use crate::hosts::syscall_trace::render::{Event as Raw, Kind, Out, Renderer};
-        use crate::hosts::syscall_trace::table;
         use crate::model::sync_marker::SYNC_MARKER;
-        let ev = |tid: u32, kind: Kind, name: &str, args: [u64; 6], ret: i64| Raw {
-            ts: 1_000_000_000,
-            tid,
-            tgid: 100,
-            kind,
-            nr: table::recorded(true).find(|s| s.name == name).unwrap().nr,
-            args,
-            ret,
-            captures: [vec![], vec![]],
-            site: 0,
-        };
+        let ev = Raw::of;
         let mut r = Renderer::new(100, 0);
         let mut out = Out::default();
         let call = |r: &mut Renderer, out: &mut Out, tid, name, args, ret, caps: [Vec<u8>; 2]| {

@@ -1,17 +1,7 @@
 use super::*;
 
 fn ev(tid: u32, kind: Kind, name: &str, args: [u64; 6], ret: i64) -> Event {
-    Event {
-        ts: 1_000_000_000,
-        tid,
-        tgid: 100,
-        kind,
-        nr: table::recorded(true).find(|s| s.name == name).unwrap().nr,
-        args,
-        ret,
-        captures: [vec![], vec![]],
-        site: 0,
-    }
+    Event::of(tid, kind, name, args, ret)
 }
 
 fn started(r: &mut Renderer, out: &mut Out) {
