@@ -21,8 +21,8 @@ test: test-deps test-build
     rc=0
     WRINGER_REPLAYS=0 WRINGER_PTXAS="$PWD/{{ptxas}}" WRINGER_REQUIRE_PTXAS=1 WRINGER_REQUIRE_HIP=1 cargo nextest run {{nextest_args}} --test-threads $(( $(nproc) * 2 )) || rc=$?
     if [ "$rc" = 0 ]; then
-        # nextest runs no doctests: the transport's compile_fail examples (a lent receive slot cannot be reused while it is out) run here.
-        cargo test --doc -p wringer-transport --all-features
+        # nextest runs no doctests: the transport's compile_fail examples (a lent receive slot cannot be reused while it is out) run here. Over the whole workspace, as nextest built it: one package alone unifies its dependencies' features differently and rebuilt them (about a minute in CI).
+        cargo test --doc --workspace --all-features
         cargo clippy --workspace --all-targets --all-features -- -D warnings
         # The GPU feature without RDMA must build on its own too.
         cargo clippy -p wringer-transport --features gpu --all-targets -- -D warnings
