@@ -5,7 +5,7 @@
 use crate::model::sync_marker::{self, SYNC_MARKER};
 use crate::model::traced::*;
 
-use super::render::Event;
+use super::render::{cloexec_flag, in_set, trim_nul, Event};
 use super::table::Syscall;
 
 /// The call `enter` started (and `exit` ended, when it did).
@@ -94,14 +94,6 @@ fn fds(s: &Syscall, e: &Event) -> Vec<i32> {
     }
 }
 
-/// The descriptors below `n` set in a select set's bytes.
-fn in_set(bytes: &[u8], n: usize) -> Vec<i32> {
-    (0..n.min(bytes.len() * 8))
-        .filter(|fd| bytes[fd / 8] & (1 << (fd % 8)) != 0)
-        .map(|fd| fd as i32)
-        .collect()
-}
-
 /// `fcntl` asking about a number, or setting its flags, without using what it names.
 fn is_probe(e: &Event) -> bool {
     matches!(
@@ -137,22 +129,14 @@ fn returned<'a>(s: &Syscall, exit: &'a Event, i: usize) -> Option<&'a [u8]> {
     (c.at_exit && !exit.captures[i].is_empty()).then_some(exit.captures[i].as_slice())
 }
 
-/// Whether what a call made is close-on-exec.
+/// Whether what a call made is close-on-exec: the flag the renderer spells out, where the call
+/// takes one.
 fn cloexec(name: &str, e: &Event) -> bool {
-    let o = libc::O_CLOEXEC as u64;
-    let (at, bit) = match name {
-        "pidfd_open" | "pidfd_getfd" | "io_uring_setup" => return true,
-        "fcntl" => return e.args[1] as i32 == libc::F_DUPFD_CLOEXEC,
-        "socket" | "socketpair" => (1, o),
-        "accept4" => (3, o),
-        "open" | "pipe2" | "eventfd2" | "timerfd_create" => (1, o),
-        "openat" | "dup3" => (2, o),
-        "signalfd4" => (3, o),
-        "epoll_create1" | "inotify_init1" => (0, o),
-        "memfd_create" => (1, libc::MFD_CLOEXEC as u64),
-        _ => return false,
-    };
-    e.args[at] & bit != 0
+    match name {
+        "pidfd_open" | "pidfd_getfd" | "io_uring_setup" => true,
+        "fcntl" => e.args[1] as i32 == libc::F_DUPFD_CLOEXEC,
+        _ => cloexec_flag(name, e).is_some(),
+    }
 }
 
 /// Whether a call may block with no timeout.
@@ -189,7 +173,7 @@ fn operand(s: &Syscall, enter: &Event, exit: Option<&Event>) -> Operand {
             sync_marker::from_words(a(1), a(2), a(3), a(4)).map_or(Operand::None, Operand::Marker)
         }
         "prctl" if a(0) == libc::PR_SET_NAME as u64 => {
-            receiver_named(&String::from_utf8_lossy(until_nul(&enter.captures[0])))
+            receiver_named(&String::from_utf8_lossy(trim_nul(&enter.captures[0])))
                 .map_or(Operand::None, Operand::Receiver)
         }
         "futex" => {
@@ -203,7 +187,7 @@ fn operand(s: &Syscall, enter: &Event, exit: Option<&Event>) -> Operand {
             Operand::Futex { addr: a(0), op }
         }
         "execve" => Operand::Exec {
-            path: Some(String::from_utf8_lossy(until_nul(&enter.captures[0])).into_owned())
+            path: Some(String::from_utf8_lossy(trim_nul(&enter.captures[0])).into_owned())
                 .filter(|p| !p.is_empty()),
         },
         "fcntl" if a(1) as i32 == libc::F_SETFD => Operand::SetCloexec {
@@ -235,10 +219,6 @@ fn operand(s: &Syscall, enter: &Event, exit: Option<&Event>) -> Operand {
             .map_or(Operand::None, Operand::Step),
         _ => Operand::None,
     }
-}
-
-fn until_nul(b: &[u8]) -> &[u8] {
-    b.split(|c| *c == 0).next().unwrap_or(b)
 }
 
 #[cfg(test)]

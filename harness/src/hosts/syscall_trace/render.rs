@@ -700,7 +700,7 @@ fn args_text(s: &Syscall, enter: &Event, exit: Option<&Event>) -> String {
 
 /// Where a call's close-on-exec flag is, when it is set: the argument, its bit and strace's
 /// name for it (the checker follows close-on-exec across `execve`).
-fn cloexec_flag(name: &str, e: &Event) -> Option<(usize, u64, &'static str)> {
+pub(super) fn cloexec_flag(name: &str, e: &Event) -> Option<(usize, u64, &'static str)> {
     let o = libc::O_CLOEXEC as u64;
     let (at, bit, label) = match name {
         "socket" | "socketpair" => (1, o, "SOCK_CLOEXEC"),
@@ -721,14 +721,19 @@ fn fd_set(bytes: &[u8], n: usize, ptr: u64) -> String {
     if ptr == 0 {
         return "NULL".into();
     }
-    let fds: Vec<String> = (0..n.min(bytes.len() * 8))
-        .filter(|fd| bytes[fd / 8] & (1 << (fd % 8)) != 0)
-        .map(|fd| fd.to_string())
-        .collect();
+    let fds: Vec<String> = in_set(bytes, n).iter().map(|fd| fd.to_string()).collect();
     format!("[{}]", fds.join(" "))
 }
 
-fn trim_nul(b: &[u8]) -> &[u8] {
+/// The descriptors below `n` set in a select set's bytes.
+pub(super) fn in_set(bytes: &[u8], n: usize) -> Vec<i32> {
+    (0..n.min(bytes.len() * 8))
+        .filter(|fd| bytes[fd / 8] & (1 << (fd % 8)) != 0)
+        .map(|fd| fd as i32)
+        .collect()
+}
+
+pub(super) fn trim_nul(b: &[u8]) -> &[u8] {
     b.split(|c| *c == 0).next().unwrap_or(b)
 }
 
