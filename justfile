@@ -12,7 +12,7 @@ test: test-deps test-build
     rm -f target/model-check.rc
     # In a process group of its own, ended with this recipe whichever way it ends (a failing
     # clippy leaves no model checker running).
-    setsid bash -c 'nice -n 19 just model-check > target/model-check.out 2>&1; echo $? > target/model-check.rc' &
+    setsid bash -c 'bash scripts/idle-priority.sh just model-check > target/model-check.out 2>&1; echo $? > target/model-check.rc' &
     model=$!
     trap 'kill -TERM -- "-$model" 2>/dev/null || true' EXIT
     # Two tests a core: at one, the cores sat idle more than half the time (the tests wait on
@@ -157,8 +157,14 @@ test-slurm hosts="hosts/slurm-containers.yaml" *args="": build-deps setup-slurm 
     [ $first = 2 ] && exit 2
     second=0
     if [ "{{hosts}}" = "hosts/slurm-containers.yaml" ]; then
-        # The cleanup checks: a Rust test that reads the runs' typed results (harness/tests/slurm_cleanup.rs).
-        cargo nextest run --release -p wringer --test slurm_cleanup --run-ignored only --no-capture
+        # The cleanup checks: a Rust test that reads the runs' typed results (harness/tests/slurm_cleanup.rs),
+        # against the binary the scenarios above ran. WRINGER_SLURM_CLEANUP_TEST names the test's
+        # binary, built already (CI keeps the one its test build made), else cargo builds it.
+        if [ -n "${WRINGER_SLURM_CLEANUP_TEST:-}" ]; then
+            WRINGER_BIN="$w" "$WRINGER_SLURM_CLEANUP_TEST" --ignored --nocapture
+        else
+            WRINGER_BIN="$w" cargo nextest run --release -p wringer --test slurm_cleanup --run-ignored only --no-capture
+        fi
         second=$?
     fi
     exit $(( first > second ? first : second ))

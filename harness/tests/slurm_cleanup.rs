@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{repo, wringer};
+use common::{repo, wringer_given};
 use wringer::model::failure::{Failure, FailureKind};
 use wringer::model::result::ScenarioResult;
 
@@ -67,7 +67,7 @@ fn time_to_gone(ctl: &str, run: &str) -> Option<Duration> {
 
 fn start_held(case: &str) -> Result<Held, String> {
     let log = out_dir().join(format!("{case}.log"));
-    let child = wringer()
+    let child = wringer_given()
         .args([
             "run",
             "--hosts",
@@ -194,7 +194,7 @@ fn sigint() -> Result<(), String> {
 }
 
 fn watchdog() -> Result<(), String> {
-    let out = wringer()
+    let out = wringer_given()
         .args([
             "run",
             "--hosts",

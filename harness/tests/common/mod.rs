@@ -13,7 +13,21 @@ pub fn repo() -> PathBuf {
 /// The wringer binary under test, run from the repository root as CI runs it (`CI=true`: plain
 /// progress lines).
 pub fn wringer() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_wringer"));
+    wringer_at(env!("CARGO_BIN_EXE_wringer"))
+}
+
+/// [`wringer`], or the binary `$WRINGER_BIN` names where it is set: the release build the
+/// stage running this test ran its scenarios with (`just test-slurm`; CI builds this test once
+/// with the others, and no release build of it is needed).
+pub fn wringer_given() -> Command {
+    match std::env::var_os("WRINGER_BIN") {
+        Some(bin) => wringer_at(bin),
+        None => wringer(),
+    }
+}
+
+fn wringer_at(bin: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(bin);
     c.current_dir(repo()).env("CI", "true");
     c
 }
