@@ -56,8 +56,17 @@ pub fn alternate(
             (run_ours()?, t)
         };
         if i >= method.warmup {
+            // A tool's `inf` or `nan` parses as a number, and gave a ratio of 0 (perftest's
+            // typical latency, once in the rxe VM) and a bench.json no reader takes back.
+            if !o.value.is_finite() {
+                return Err(Failed::Ours(format!(
+                    "no usable figure in round {}: ours {}",
+                    i + 1,
+                    o.value
+                )));
+            }
             let ratio = o.value / t.value;
-            if !ratio.is_finite() {
+            if !ratio.is_finite() || !t.value.is_finite() {
                 return Err(Failed::Reference(format!(
                     "no usable figure in round {}: ours {}, reference {}",
                     i + 1,
@@ -216,6 +225,11 @@ mod tests {
         // A zero reference gives no ratio: an error, never an infinite figure.
         let e = alternate(Method::QUICK, || Ok(s(1.0)), || Ok(s(0.0))).unwrap_err();
         assert!(matches!(e, Failed::Reference(w) if w.contains("no usable figure")));
+        // Nor does an infinite one (ours over it would be 0), nor a figure that is no number.
+        let e = alternate(Method::QUICK, || Ok(s(1.0)), || Ok(s(f64::INFINITY))).unwrap_err();
+        assert!(matches!(e, Failed::Reference(w) if w.contains("reference inf")));
+        let e = alternate(Method::QUICK, || Ok(s(f64::NAN)), || Ok(s(1.0))).unwrap_err();
+        assert!(matches!(e, Failed::Ours(w) if w.contains("ours NaN")));
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub struct BenchOptions {
     pub rdma_only: bool,
     /// Only the TCP or RDMA rows whose measure contains this text; nothing else is measured.
     pub only: Option<String>,
+    /// Round trips in each sample of the 64 KiB RDMA ping-pong rows, each side; smaller
+    /// messages make proportionally more (see [`rdma_round_trips`]).
+    pub rdma_round_trips: u32,
     /// Only the launcher rows: a Slurm profile against an SSH profile over the same number of
     /// hosts (`just bench-launch`).
     pub launch: Option<(PathBuf, PathBuf)>,
@@ -170,10 +173,20 @@ fn picked(only: Option<&str>, measure: &str) -> bool {
     only.is_none_or(|o| measure.contains(o))
 }
 
+/// Round trips in one sample of a ping-pong row of `size`-byte messages: `at_64k` for 64 KiB,
+/// and for smaller messages as many more as fit the same bytes, at most 100 times as many
+/// (64 B: 20,000; 4 KiB: 3,200 where 64 KiB has 200), so that each size's sample runs for about
+/// as long. 200 round trips of 64 B are about 5 ms in the rxe VM: their median swung by ±10%
+/// from round to round with the VM's timing, where 20,000 held within ±3%.
+fn rdma_round_trips(size: usize, at_64k: u32) -> u32 {
+    let scale = (65536 / size.max(1)).clamp(1, 100) as u32;
+    at_64k.saturating_mul(scale)
+}
+
 /// RDMA against perftest, same host, same sizes, same iteration counts, in alternating rounds:
 /// measured where this host has an active RoCE interface (inside the rxe VM: `just
 /// bench-rdma`), otherwise skipped with the reason.
-fn rdma_rows(method: Method, only: Option<&str>) -> Vec<Row> {
+fn rdma_rows(method: Method, only: Option<&str>, round_trips: u32) -> Vec<Row> {
     let Some((dev, port, gid)) = crate::rank::steps::rdma_support::local_gid() else {
         let why = "no RDMA device here: run `just bench-rdma` (the bench inside the rxe VM)";
         return vec![
@@ -198,8 +211,8 @@ fn rdma_rows(method: Method, only: Option<&str>) -> Vec<Row> {
     };
     let wanted = |measure: &str| picked(only, measure);
     let mut rows = vec![];
-    let iters = 200;
     for size in [64usize, 4096, 65536] {
+        let iters = rdma_round_trips(size, round_trips);
         // The zero-copy path is the one held to perftest's latency (which copies nothing); the
         // copying send/recv is measured beside it, so the copies' cost shows as the difference.
         let measure = format!("RDMA SEND ping-pong in place {} p50", human(size));
@@ -353,7 +366,10 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
         rows,
     };
     if opts.rdma_only {
-        return Ok(report(rdma_rows(method, opts.only.as_deref()), placement));
+        return Ok(report(
+            rdma_rows(method, opts.only.as_deref(), opts.rdma_round_trips),
+            placement,
+        ));
     }
     if let Some(hosts) = &opts.audit_cost {
         return Ok(report(
@@ -371,7 +387,7 @@ pub fn run(opts: &BenchOptions) -> Result<BenchReport> {
     if opts.only.is_some() {
         return Ok(report(rows, placement));
     }
-    rows.extend(rdma_rows(method, None));
+    rows.extend(rdma_rows(method, None, opts.rdma_round_trips));
     rows.push(alone(
         "teardown cycles per second".into(),
         "cycles/s",
@@ -548,6 +564,16 @@ pub fn write(r: &BenchReport, text: &str, dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn smaller_rdma_messages_make_more_round_trips_up_to_a_hundred_times() {
+        assert_eq!(rdma_round_trips(65536, 200), 200);
+        assert_eq!(rdma_round_trips(4096, 200), 3200);
+        assert_eq!(rdma_round_trips(64, 200), 20_000);
+        assert_eq!(rdma_round_trips(1 << 20, 200), 200);
+        assert_eq!(rdma_round_trips(0, 200), 20_000);
+        assert_eq!(rdma_round_trips(64, u32::MAX), u32::MAX);
+    }
 
     fn round(ours: f64, reference: f64) -> Round {
         let s = |v| Sample {

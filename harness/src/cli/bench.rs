@@ -29,6 +29,11 @@ pub struct Args {
     /// other measures are not run.
     #[arg(long)]
     pub only: Option<String>,
+    /// Round trips in each sample of the 64 KiB RDMA ping-pong rows, each side, ours and
+    /// perftest's alike; smaller messages make proportionally more (at most 100 times: 64 B
+    /// 20,000 by default), so that every sample runs for about as long.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rdma_round_trips: u32,
     /// Only the launcher rows: start --ranks ranks through this Slurm profile against
     /// --launch-ssh (`just bench-launch`).
     #[arg(long, requires = "launch_ssh")]
@@ -51,6 +56,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         ranks,
         rdma_only,
         only,
+        rdma_round_trips,
         launch_slurm,
         launch_ssh,
         audit_cost,
@@ -80,6 +86,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         ranks,
         rdma_only,
         only,
+        rdma_round_trips,
         launch: launch_slurm.zip(launch_ssh),
         audit_cost,
     };
