@@ -377,6 +377,44 @@ fn perturbed_audit(dir: &Path, exe: &Path, tag: &str, extra: &[&str]) -> (Output
 }
 
 #[test]
+fn without_the_audit_a_scenario_keeps_the_perturbations_the_observer_delays() {
+    // tcp-teardown-cycles ships with a `poll` exit delay that widens the seed's race window:
+    // under --no-audit it still runs, delayed by the preloaded observer with no recorder, and
+    // its delays are evidence as in an audited run.
+    let dir = temp("no-audit-perturbed");
+    let out = run_fixture(
+        "scenarios/tcp-teardown-cycles.yaml",
+        &["--no-audit", "--replays", "0"],
+        &dir,
+        "",
+    );
+    let r = first_result(&dir);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    let by = r["evidence"]["perturbed_by"].as_str().unwrap_or_default();
+    assert!(by.starts_with("the preloaded observer"), "{r:#}");
+    assert!(
+        r["evidence"]["audit_recorder"].is_null(),
+        "no recorder: {r:#}"
+    );
+    let notes = r["evidence"]["notes"].to_string();
+    assert!(
+        notes.contains("poll: ") && notes.contains("call(s) delayed"),
+        "{notes}"
+    );
+    // --no-perturb sets them aside too.
+    let out = run_fixture(
+        "scenarios/tcp-teardown-cycles.yaml",
+        &["--no-audit", "--no-perturb", "--replays", "0"],
+        &dir,
+        "",
+    );
+    let r = first_result(&dir);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert!(r["evidence"]["perturbed_by"].is_null(), "{r:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_dynamically_linked_program_is_perturbed_without_ptrace_and_a_static_one_by_strace() {
     let dir = temp("perturb");
     std::fs::create_dir_all(&dir).unwrap();

@@ -3,7 +3,7 @@
 //! in rounds like every other row. The recorder rows set perturbations aside on both sides, so
 //! that what is measured is the recorder; one more row runs each scenario as it ships (its
 //! perturbations delayed by the preloaded observer, its audit on) against the same scenario
-//! with `--no-audit`, as a user compares them.
+//! with `--no-audit` (the same perturbations, no audit), as a user compares them.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -79,7 +79,7 @@ pub fn rows(hosts: &Path, method: Method, logs: &Path, only: Option<&str>) -> Ve
                         logs,
                     )
                 },
-                || once(hosts, scenario, &["--no-audit"], logs),
+                || once(hosts, scenario, &["--no-audit", "--no-perturb"], logs),
             ));
         }
         let measure = format!("audit cost: {name} as it ships (audited, perturbed) vs unaudited");

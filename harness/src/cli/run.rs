@@ -31,8 +31,9 @@ pub struct Args {
     /// Turn every skip into a failure.
     #[arg(long)]
     pub strict: bool,
-    /// Run without the lifecycle audit and perturbations the scenarios and profile ask
-    /// for (to measure what the audit costs, or where strace cannot run).
+    /// Run without the lifecycle audit the scenarios and profile ask for (to measure what the
+    /// audit costs, or where strace cannot run). Their perturbations still run where the
+    /// preloaded observer delays them (no tracer); those only strace can inject are set aside.
     #[arg(long)]
     pub no_audit: bool,
     /// Keep the audit but set the scenarios' perturbations aside (to measure a recorder alone).

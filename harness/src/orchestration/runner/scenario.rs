@@ -58,6 +58,13 @@ pub(super) fn run_scenario(
         &statically_linked_programs(&steps),
         matches!(placement.launch(), crate::hosts::backend::Launch::Step(_)),
     );
+    // `--no-audit` runs nothing under a tracer: the scenario keeps the perturbations the
+    // preloaded observer delays (they widen the race window it is about, and are no part of
+    // the audit's cost), and sets aside those only strace could inject.
+    let perturb = match perturb_by {
+        PerturbBy::Strace if cx.opts.no_audit => vec![],
+        _ => perturb,
+    };
     let injected: &[Perturb] = match perturb_by {
         PerturbBy::Strace => &perturb,
         PerturbBy::Preload => &[],
@@ -258,7 +265,8 @@ pub(super) fn run_scenario(
 
 /// What one scenario runs with once the command line has had its say: its own faults (or
 /// `--fault`'s), with those its steps declare; the audit's checks, the scenario's and the
-/// profile's; its perturbations (or `--perturb`'s); none of either under `--no-audit`.
+/// profile's; its perturbations (or `--perturb`'s). No audit under `--no-audit`; its
+/// perturbations stay where the preloaded observer delays them (see [`run_scenario`]).
 struct Overrides {
     own_faults: Vec<Fault>,
     faults: Vec<Fault>,
@@ -279,13 +287,12 @@ fn overrides(
     let mut audit: Vec<AuditCheck> = s.audit.iter().chain(profile_audit).copied().collect();
     audit.sort();
     audit.dedup();
-    let mut perturb: Vec<Perturb> = match &cx.opts.perturb {
+    let perturb: Vec<Perturb> = match &cx.opts.perturb {
         Some(p) => p.clone(),
         None => s.perturb.iter().map(|p| p.value.clone()).collect(),
     };
     if cx.opts.no_audit {
         audit.clear();
-        perturb.clear();
     }
     Overrides {
         own_faults,
